@@ -1,0 +1,58 @@
+"""tableq: a durable message and job queue in an ordinary SQL table. The public surface only."""
+
+from tableq.connect import connect
+from tableq.errors import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseUnavailable,
+    DuplicateMessage,
+    InvalidArgument,
+    InvalidName,
+    InvalidURL,
+    LeaseLost,
+    MissingDriver,
+    NotFound,
+    PayloadError,
+    PayloadInvalid,
+    PayloadTooLarge,
+    SchemaNotMigrated,
+    StorageFull,
+    TableqError,
+    UnknownKind,
+    UnsupportedDatabase,
+)
+from tableq.message import DeadLetter, Message, SendResult
+from tableq.queue import Queue
+from tableq.stats import TopicStats
+from tableq.transaction import Transaction
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "DeadLetter",
+    "DuplicateMessage",
+    "InvalidArgument",
+    "InvalidName",
+    "InvalidURL",
+    "LeaseLost",
+    "Message",
+    "MissingDriver",
+    "NotFound",
+    "PayloadError",
+    "PayloadInvalid",
+    "PayloadTooLarge",
+    "Queue",
+    "SchemaNotMigrated",
+    "SendResult",
+    "StorageFull",
+    "TableqError",
+    "TopicStats",
+    "Transaction",
+    "UnknownKind",
+    "UnsupportedDatabase",
+    "__version__",
+    "connect",
+]

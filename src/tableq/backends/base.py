@@ -1,0 +1,226 @@
+"""The Backend seam: what every database backend implements, with the values that cross it.
+Internal: it may change freely. Backends receive validated, encoded values and return plain
+rows (dicts with Python values and aware UTC datetimes); they never see user objects."""
+
+from __future__ import annotations
+
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+Row = dict[str, Any]
+T = TypeVar("T")
+
+# Bounded retries of transient conflicts (deadlock, lock timeout, busy): about 2 s in all.
+RETRY_ATTEMPTS = 10
+RETRY_BASE_S = 0.005
+RETRY_CAP_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """One message to insert. Exactly one of json_text / data is set. `at` (aware UTC) wins
+    over `delay_s`; both are turned into a due time by the database clock."""
+
+    topic: str
+    key: str | None
+    kind: str | None
+    json_text: str | None
+    data: bytes | None
+    headers_json: str | None
+    priority: int
+    delay_s: float
+    at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """A compiled-ready receive filter; values are bound, never spliced."""
+
+    kind: str | None
+    key: str | None
+    fields: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    topic: str
+    max: int
+    visibility_timeout_s: float
+    max_attempts: int
+    where: Filter | None = None
+    # One lease token for the whole batch (the Spark source leases a micro-batch under one
+    # token); None gives every message its own random token.
+    lease: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    rows: list[Row]
+    buried: int  # messages moved to the dead-letter store because they ran out of attempts
+
+
+class TransientError(Exception):
+    """Raised inside a backend for a conflict that is safe to retry (never escapes it)."""
+
+
+def retrying(fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:
+    """Runs fn, retrying TransientError with jittered exponential backoff."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except TransientError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt)))
+    raise AssertionError("unreachable")
+
+
+class Backend(ABC):
+    """One database. `conn` arguments take a connection inside a transaction the caller
+    owns (outbox sends, exactly-once transactions); without one the backend runs its own
+    short transaction and retries transient conflicts."""
+
+    dialect: str
+    where: str  # the redacted URL, for messages
+
+    # --- lifecycle
+    @abstractmethod
+    def migrate(self) -> list[int]: ...
+    @abstractmethod
+    def schema_version(self) -> int: ...
+    @abstractmethod
+    def close(self) -> None: ...
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[Any]: ...
+    @abstractmethod
+    def check_connection(self, conn: Any) -> None:
+        """Raises InvalidArgument unless conn is this driver's connection to this database."""
+    @abstractmethod
+    def now(self) -> datetime: ...
+
+    # --- messages
+    @abstractmethod
+    def insert(
+        self, rows: Sequence[NewMessage], on_duplicate: str, conn: Any = None
+    ) -> list[tuple[int, str]]:
+        """(id, status) per row, in order; raises DuplicateMessage for on_duplicate='error'."""
+    @abstractmethod
+    def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult: ...
+    @abstractmethod
+    def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
+        """At-most-once: remove up to spec.max due messages and return them."""
+    @abstractmethod
+    def ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+        """Removes (or archives) messages still held under (id, lease); returns the ids done."""
+    @abstractmethod
+    def release(
+        self, msg_id: int, lease: str, delay_s: float, error: str | None, penalty: bool,
+        conn: Any = None,
+    ) -> bool: ...
+    @abstractmethod
+    def extend(
+        self, msg_id: int, lease: str, extend_s: float, progress_json: str | None
+    ) -> datetime | None: ...
+    @abstractmethod
+    def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool: ...
+    @abstractmethod
+    def peek(self, topic: str, limit: int) -> list[Row]: ...
+    @abstractmethod
+    def get(self, msg_id: int) -> Row | None: ...
+    @abstractmethod
+    def topics(self) -> list[str]: ...
+    @abstractmethod
+    def stats(self, topic: str | None) -> list[Row]: ...
+    @abstractmethod
+    def purge(self, topic: str) -> int: ...
+
+    # --- dead letters
+    @abstractmethod
+    def dead_list(self, topic: str, limit: int) -> list[Row]: ...
+    @abstractmethod
+    def dead_requeue(self, topic: str, ids: Sequence[int] | None) -> int: ...
+    @abstractmethod
+    def dead_purge(self, topic: str, ids: Sequence[int] | None) -> int: ...
+
+    # --- leases held by one consumer under one token (the Spark streaming source)
+    @abstractmethod
+    def lease_rows(self, topic: str, lease: str) -> list[Row]: ...
+    @abstractmethod
+    def lease_ack(self, topic: str, lease: str, retain: bool) -> int: ...
+    @abstractmethod
+    def lease_extend(self, topic: str, lease: str, extend_s: float) -> int: ...
+
+    # --- staged bulk loads (the Spark sink): invisible until published, all at once
+    @abstractmethod
+    def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int: ...
+    @abstractmethod
+    def publish(self, job: str, parts: Sequence[int], on_duplicate: str) -> int | None:
+        """Moves the listed parts' staged rows into the queue in one transaction and marks
+        the job committed; returns None if the job was already committed (a no-op)."""
+    @abstractmethod
+    def discard(self, job: str) -> int: ...
+    @abstractmethod
+    def stage_cleanup(self, older_than_s: float) -> int: ...
+    @abstractmethod
+    def job_state(self, job: str) -> str | None: ...
+
+    # --- history (dead letters and retained done messages) for analytics and archiving
+    @abstractmethod
+    def history_bounds(self, source: str, topic: str | None) -> tuple[int, int] | None: ...
+    @abstractmethod
+    def history_rows(
+        self, source: str, topic: str | None, lo: int, hi: int, before: datetime | None
+    ) -> list[Row]: ...
+    @abstractmethod
+    def history_delete(self, source: str, ids: Sequence[int]) -> int: ...
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+TIME_FIELDS = (
+    "created_at", "available_at", "first_available_at", "received_at", "dead_at", "done_at",
+)
+
+
+def shape_row(
+    raw: Any, to_time: Callable[[Any], datetime], load_json: Callable[[Any], Any]
+) -> Row:
+    """A driver row as a plain dict: times as aware UTC datetimes, JSON decoded, the payload
+    in one `payload` field (bytes when stored as bytes)."""
+    row = dict(raw)
+    for name in TIME_FIELDS:
+        if row.get(name) is not None:
+            row[name] = to_time(row[name])
+    data = row.pop("payload_bytes", None)
+    row["payload"] = bytes(data) if data is not None else load_json(row.get("payload"))
+    row["headers"] = load_json(row.get("headers")) or {}
+    if "progress" in row:
+        row["progress"] = load_json(row["progress"])
+    return row
+
+
+def merge_stats(live: dict[str, Row], dead: dict[str, int], done: dict[str, int]) -> list[Row]:
+    out = []
+    for topic in sorted(set(live) | set(dead) | set(done)):
+        row = live.get(topic, {})
+        out.append({
+            "topic": topic,
+            "ready": int(row.get("ready") or 0),
+            "scheduled": int(row.get("scheduled") or 0),
+            "in_flight": int(row.get("in_flight") or 0),
+            "dead": int(dead.get(topic, 0)),
+            "done": int(done.get(topic, 0)),
+            "oldest_ready_age": (
+                float(row["oldest_ready_age"]) if row.get("oldest_ready_age") is not None else None
+            ),
+        })
+    return out

@@ -1,0 +1,255 @@
+-- tableq named queries for SQLite (named parameters :name; {p} is the table prefix).
+-- "now" is (julianday('now') - 2440587.5) * 86400.0: Unix seconds from SQLite's clock,
+-- stable within one statement.
+-- No SKIP LOCKED: SQLite has one writer at a time, and every writing transaction here starts
+-- with BEGIN IMMEDIATE, so nobody else holds these rows.
+
+-- name: migration_create :exec
+CREATE TABLE IF NOT EXISTS {p}migration (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL
+);
+
+-- name: migration_versions :many
+SELECT version FROM {p}migration ORDER BY version;
+
+-- name: migration_record :exec
+INSERT INTO {p}migration (version, name, applied_at)
+VALUES (:version, :name, (julianday('now') - 2440587.5) * 86400.0);
+
+-- name: clock_now :one
+SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
+
+-- name: last_insert_id :one
+SELECT last_insert_rowid();
+
+-- name: message_insert :exec
+INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+SELECT :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority, t.now,
+       COALESCE(:at, t.now + :delay_s), COALESCE(:at, t.now + :delay_s)
+FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t;
+
+-- name: message_find_key :one
+SELECT id FROM {p}message WHERE topic = :topic AND key = :key;
+
+-- name: message_replace :exec
+-- Replacing resets the delivery: a worker holding the old lease gets LeaseLost on ack.
+UPDATE {p}message
+SET kind = :kind, payload = :payload, payload_bytes = :payload_bytes, headers = :headers,
+    priority = :priority, attempts = 0, lease = NULL, last_error = NULL, progress = NULL,
+    received_at = NULL,
+    available_at = COALESCE(:at, (julianday('now') - 2440587.5) * 86400.0 + :delay_s),
+    first_available_at = COALESCE(:at, (julianday('now') - 2440587.5) * 86400.0 + :delay_s)
+WHERE id = :id;
+
+-- name: message_due :many
+SELECT id, attempts FROM {p}message
+WHERE topic = :topic AND available_at <= (julianday('now') - 2440587.5) * 86400.0 /*filter*/
+ORDER BY priority DESC, available_at, id
+LIMIT :max;
+
+-- name: message_lease :many
+UPDATE {p}message
+SET lease = COALESCE(:lease, lower(hex(randomblob(16)))), attempts = attempts + 1,
+    received_at = (julianday('now') - 2440587.5) * 86400.0,
+    available_at = (julianday('now') - 2440587.5) * 86400.0 + :vt
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING *;
+
+-- name: message_take :many
+DELETE FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids)) RETURNING *;
+
+-- name: message_bury_ids :exec
+INSERT INTO {p}dead (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, error, dead_at)
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at,
+       COALESCE(last_error, 'received ' || attempts || ' times without an ack'),
+       (julianday('now') - 2440587.5) * 86400.0
+FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: message_delete_ids :exec
+DELETE FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: message_archive_refs :exec
+-- refs is a JSON array of [id, lease] pairs.
+INSERT INTO {p}done (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, (julianday('now') - 2440587.5) * 86400.0, lease
+FROM {p}message
+WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs));
+
+-- name: message_ack_refs :many
+DELETE FROM {p}message
+WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs))
+RETURNING id;
+
+-- name: message_release :one
+UPDATE {p}message
+SET lease = NULL, attempts = attempts - :refund,
+    available_at = (julianday('now') - 2440587.5) * 86400.0 + :delay_s,
+    last_error = COALESCE(:error, last_error)
+WHERE id = :id AND lease = :lease
+RETURNING id;
+
+-- name: message_extend :one
+UPDATE {p}message
+SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s,
+    progress = COALESCE(:progress, progress)
+WHERE id = :id AND lease = :lease
+RETURNING available_at;
+
+-- name: message_bury :exec
+INSERT INTO {p}dead (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, error, dead_at)
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, :error, (julianday('now') - 2440587.5) * 86400.0
+FROM {p}message WHERE id = :id AND lease = :lease;
+
+-- name: message_delete_leased :one
+DELETE FROM {p}message WHERE id = :id AND lease = :lease RETURNING id;
+
+-- name: message_peek :many
+SELECT * FROM {p}message WHERE topic = :topic
+ORDER BY priority DESC, available_at, id LIMIT :limit;
+
+-- name: message_get :one
+SELECT * FROM {p}message WHERE id = :id;
+
+-- name: message_topics :many
+SELECT topic FROM {p}message UNION SELECT topic FROM {p}dead ORDER BY 1;
+
+-- name: message_stats :many
+SELECT topic,
+       sum(available_at <= t.now) AS ready,
+       sum(available_at > t.now AND lease IS NULL) AS scheduled,
+       sum(available_at > t.now AND lease IS NOT NULL) AS in_flight,
+       t.now - min(CASE WHEN available_at <= t.now THEN available_at END) AS oldest_ready_age
+FROM {p}message, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+WHERE (:topic IS NULL OR topic = :topic)
+GROUP BY topic;
+
+-- name: dead_stats :many
+SELECT topic, count(*) AS dead FROM {p}dead WHERE (:topic IS NULL OR topic = :topic) GROUP BY topic;
+
+-- name: done_stats :many
+SELECT topic, count(*) AS done FROM {p}done WHERE (:topic IS NULL OR topic = :topic) GROUP BY topic;
+
+-- name: message_purge :one
+DELETE FROM {p}message WHERE topic = :topic;
+
+-- name: dead_list :many
+SELECT * FROM {p}dead WHERE topic = :topic ORDER BY id LIMIT :limit;
+
+-- name: dead_requeue :exec
+-- Back as a fresh message with the same id; one whose key is live again stays dead.
+INSERT OR IGNORE INTO {p}message (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                        attempts, created_at, available_at, first_available_at, last_error)
+SELECT d.id, d.topic, d.key, d.kind, d.payload, d.payload_bytes, d.headers, d.priority, 0,
+       d.created_at, t.now, t.now, d.error
+FROM {p}dead d, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+WHERE d.topic = :topic AND (:ids IS NULL OR d.id IN (SELECT value FROM json_each(:ids)))
+ORDER BY d.id;
+
+-- name: dead_delete_requeued :exec
+DELETE FROM {p}dead
+WHERE topic = :topic AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+  AND id IN (SELECT id FROM {p}message);
+
+-- name: dead_purge :exec
+DELETE FROM {p}dead
+WHERE topic = :topic AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)));
+
+-- name: lease_rows :many
+SELECT * FROM {p}message WHERE topic = :topic AND lease = :lease ORDER BY priority DESC, id;
+
+-- name: lease_archive :exec
+INSERT INTO {p}done (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, (julianday('now') - 2440587.5) * 86400.0, lease
+FROM {p}message WHERE topic = :topic AND lease = :lease;
+
+-- name: lease_ack :exec
+DELETE FROM {p}message WHERE topic = :topic AND lease = :lease;
+
+-- name: lease_extend :exec
+UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
+WHERE topic = :topic AND lease = :lease;
+
+-- name: stage_insert :exec
+INSERT INTO {p}stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
+                      delay_s, at)
+VALUES (:job, :part, :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority,
+        :delay_s, :at);
+
+-- name: load_job_open :exec
+INSERT OR IGNORE INTO {p}load_job (job, state, created_at)
+VALUES (:job, 'open', (julianday('now') - 2440587.5) * 86400.0);
+
+-- name: load_job_state :one
+SELECT state FROM {p}load_job WHERE job = :job;
+
+-- name: load_job_finish :exec
+INSERT INTO {p}load_job (job, state, created_at, finished_at, rows)
+VALUES (:job, :state, (julianday('now') - 2440587.5) * 86400.0,
+        (julianday('now') - 2440587.5) * 86400.0, :rows)
+ON CONFLICT (job) DO UPDATE SET state = excluded.state, finished_at = excluded.finished_at,
+                                rows = excluded.rows;
+
+-- name: stage_publish :exec
+-- Staged rows keep their order (sid); the due time is taken now, at publish.
+INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, t.now,
+       COALESCE(s.at, t.now + s.delay_s), COALESCE(s.at, t.now + s.delay_s)
+FROM {p}stage s, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+WHERE s.job = :job AND s.part IN (SELECT value FROM json_each(:parts))
+ORDER BY s.sid
+ON CONFLICT DO NOTHING;
+
+-- name: stage_publish_replace :exec
+INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, t.now,
+       COALESCE(s.at, t.now + s.delay_s), COALESCE(s.at, t.now + s.delay_s)
+FROM {p}stage s, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+WHERE s.job = :job AND s.part IN (SELECT value FROM json_each(:parts))
+ORDER BY s.sid
+ON CONFLICT (topic, key) DO UPDATE SET
+    kind = excluded.kind, payload = excluded.payload, payload_bytes = excluded.payload_bytes,
+    headers = excluded.headers, priority = excluded.priority, attempts = 0, lease = NULL,
+    last_error = NULL, progress = NULL, received_at = NULL,
+    available_at = excluded.available_at, first_available_at = excluded.first_available_at;
+
+-- name: stage_delete_job :exec
+DELETE FROM {p}stage WHERE job = :job;
+
+-- name: stage_stale_jobs :many
+SELECT job FROM {p}load_job
+WHERE state = 'open' AND created_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than_s;
+
+-- name: history_bounds_dead :one
+SELECT min(id) AS lo, max(id) AS hi FROM {p}dead WHERE (:topic IS NULL OR topic = :topic);
+
+-- name: history_bounds_done :one
+SELECT min(id) AS lo, max(id) AS hi FROM {p}done WHERE (:topic IS NULL OR topic = :topic);
+
+-- name: history_rows_dead :many
+SELECT * FROM {p}dead
+WHERE id BETWEEN :lo AND :hi AND (:topic IS NULL OR topic = :topic)
+  AND (:before IS NULL OR dead_at < :before)
+ORDER BY id;
+
+-- name: history_rows_done :many
+SELECT * FROM {p}done
+WHERE id BETWEEN :lo AND :hi AND (:topic IS NULL OR topic = :topic)
+  AND (:before IS NULL OR done_at < :before)
+ORDER BY id;
+
+-- name: history_delete_dead :exec
+DELETE FROM {p}dead WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: history_delete_done :exec
+DELETE FROM {p}done WHERE id IN (SELECT value FROM json_each(:ids));

@@ -1,0 +1,119 @@
+"""Payload encoding and the registry of kinds (validated payload types). Pure: no I/O.
+
+A payload is stored either as JSON text (the default, queryable in SQL) or as raw bytes.
+A registered kind validates the payload on send (encode) and on receive (decode)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tableq.errors import PayloadInvalid, PayloadTooLarge, UnknownKind
+from tableq.names import check_kind
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A payload ready for the database: exactly one of json_text / data is set."""
+
+    json_text: str | None
+    data: bytes | None
+
+    @property
+    def size(self) -> int:
+        return len(self.data) if self.data is not None else len(self.json_text or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any], Any]
+
+
+def codec_for_model(model: Any) -> Codec:
+    """A codec from a pydantic v2 model class (duck-typed: model_validate / model_dump)."""
+    if not hasattr(model, "model_validate"):
+        raise TypeError(f"{model!r} is not a pydantic model class (no model_validate)")
+
+    def encode(value: Any) -> Any:
+        obj = value if isinstance(value, model) else model.model_validate(value)
+        return obj.model_dump(mode="json")
+
+    return Codec(encode=encode, decode=model.model_validate)
+
+
+class KindRegistry:
+    """Kinds known to one Queue. Unregistered kinds are refused on send."""
+
+    def __init__(self) -> None:
+        self._codecs: dict[str, Codec] = {}
+
+    def register(
+        self,
+        kind: str,
+        encode: Callable[[Any], Any] | None = None,
+        decode: Callable[[Any], Any] | None = None,
+        *,
+        model: Any = None,
+    ) -> None:
+        check_kind(kind)
+        if model is not None:
+            self._codecs[kind] = codec_for_model(model)
+        else:
+            identity: Callable[[Any], Any] = lambda v: v  # noqa: E731
+            self._codecs[kind] = Codec(encode or identity, decode or identity)
+
+    def names(self) -> list[str]:
+        return list(self._codecs)
+
+    def encode(self, kind: str | None, payload: Any, limit: int) -> Encoded:
+        if kind is not None:
+            codec = self._codecs.get(kind)
+            if codec is None:
+                raise UnknownKind(kind, self.names())
+            try:
+                payload = codec.encode(payload)
+            except Exception as exc:  # a user's validator may raise anything
+                raise PayloadInvalid(f"{type(exc).__name__}: {exc}", kind) from exc
+        return encode_payload(payload, limit, kind)
+
+    def decode(self, kind: str | None, payload: Any) -> Any:
+        """Raises PayloadInvalid when a registered kind's decoder rejects the payload."""
+        codec = self._codecs.get(kind) if kind is not None else None
+        if codec is None:
+            return payload
+        try:
+            return codec.decode(payload)
+        except Exception as exc:
+            raise PayloadInvalid(f"{type(exc).__name__}: {exc}", kind) from exc
+
+
+def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded:
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        data = bytes(payload)
+        if len(data) > limit:
+            raise PayloadTooLarge(len(data), limit)
+        return Encoded(None, data)
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise PayloadInvalid(
+            f"{exc}; send JSON-serialisable values (dict, list, str, int, float, bool, None) "
+            "or bytes, or register a kind whose encoder converts it",
+            kind,
+        ) from None
+    if "\\u0000" in text:
+        # PostgreSQL jsonb cannot store NUL; refuse it everywhere so backends agree.
+        raise PayloadInvalid("JSON strings must not contain NUL (\\u0000); send bytes", kind)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise PayloadTooLarge(size, limit)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadInvalid("strings must be valid Unicode (no lone surrogates)", kind) from None
+    return Encoded(text, None)

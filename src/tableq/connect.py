@@ -1,0 +1,62 @@
+"""tableq.connect(): picks the backend for a URL. Drivers are imported here lazily, so a
+missing driver is a clear MissingDriver error, not an ImportError at import time."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from typing import Any
+
+from tableq.backends.base import Backend
+from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES
+from tableq.errors import MissingDriver
+from tableq.queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_VISIBILITY_TIMEOUT_S, Queue
+from tableq.url import DEFAULT_URL, DatabaseURL, parse_url
+
+_DRIVERS = {
+    "postgres": ("tableq.backends.postgres", "PostgresBackend", "postgres", "psycopg"),
+    "mysql": ("tableq.backends.mysql", "MySQLBackend", "mysql", "pymysql"),
+    "sqlite": ("tableq.backends.sqlite", "SQLiteBackend", "", "sqlite3"),
+}
+
+
+def open_backend(url: DatabaseURL, **options: Any) -> Backend:
+    module, cls, extra, driver = _DRIVERS[url.dialect]
+    try:
+        importlib.import_module(driver)
+    except ImportError:
+        raise MissingDriver(url.dialect, extra, driver) from None
+    backend_cls = getattr(importlib.import_module(module), cls)
+    return backend_cls(url, **options)  # type: ignore[no-any-return]
+
+
+def connect(
+    url: str = DEFAULT_URL,
+    *,
+    migrate: bool = False,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    visibility_timeout: float | timedelta = DEFAULT_VISIBILITY_TIMEOUT_S,
+    retention: bool = False,
+    **backend_options: Any,
+) -> Queue:
+    """Opens the queue database at `url`: sqlite:///path.db (the default, embedded),
+    postgresql://user@host/db (?schema=name, default tableq) or mysql://user@host/db
+    (?prefix=name_, default tableq_). `migrate=True` creates or upgrades the tables first.
+    `retention=True` keeps acked messages in the archive table (for reports and the Spark
+    archive pipeline). Backend options: SQLite `synchronous` ("FULL" default, or "NORMAL");
+    PostgreSQL and MySQL `pool_size`."""
+    queue = Queue(
+        open_backend(parse_url(url), **backend_options),
+        max_payload_bytes=max_payload_bytes,
+        max_attempts=max_attempts,
+        visibility_timeout=visibility_timeout,
+        retention=retention,
+    )
+    if migrate:
+        try:
+            queue.migrate()
+        except BaseException:
+            queue.close()
+            raise
+    return queue

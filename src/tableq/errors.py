@@ -1,0 +1,147 @@
+"""The exception tree. Every failure a user can cause has its own class and a message that
+says what to do. Imports nothing from tableq."""
+
+from __future__ import annotations
+
+
+class TableqError(Exception):
+    """Base class of every error tableq raises on purpose."""
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+class ConfigurationError(TableqError, ValueError):
+    """tableq was set up wrongly: a bad URL, option or missing driver."""
+
+
+class InvalidURL(ConfigurationError):
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        super().__init__(
+            f"cannot use database URL {url!r}: {reason}; expected sqlite:///path/to/file.db, "
+            "postgresql://user@host:5432/dbname or mysql://user@host:3306/dbname"
+        )
+
+
+class MissingDriver(ConfigurationError):
+    def __init__(self, database: str, extra: str, module: str) -> None:
+        self.database = database
+        super().__init__(
+            f"the {database} backend needs the Python package {module!r}, which is not "
+            f"installed; run: pip install 'tableq[{extra}]'"
+        )
+
+
+class UnsupportedDatabase(ConfigurationError):
+    def __init__(self, database: str, found: str, needed: str) -> None:
+        self.database, self.found, self.needed = database, found, needed
+        super().__init__(
+            f"{database} {found} is too old for tableq, which needs {needed} "
+            "(for FOR UPDATE SKIP LOCKED and RETURNING); upgrade the server"
+        )
+
+
+class SchemaNotMigrated(TableqError):
+    def __init__(self, where: str) -> None:
+        self.where = where
+        super().__init__(
+            f"tableq's tables are missing or out of date in {where}; run `tableq migrate "
+            "--url ...` or call queue.migrate() once before using the queue"
+        )
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+
+class InvalidName(TableqError, ValueError):
+    def __init__(self, what: str, value: object, rule: str) -> None:
+        self.what, self.value = what, value
+        shown = value if not isinstance(value, str) or len(value) <= 60 else value[:57] + "..."
+        super().__init__(f"invalid {what} {shown!r}: {rule}")
+
+
+class InvalidArgument(TableqError, ValueError):
+    """An option has a value tableq cannot use (negative delay, unknown mode, ...)."""
+
+
+class PayloadError(TableqError, ValueError):
+    """The payload cannot be stored or read back."""
+
+
+class PayloadTooLarge(PayloadError):
+    def __init__(self, size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(
+            f"payload is {size} bytes, over the limit of {limit} bytes; store large data "
+            "elsewhere and send a reference, or raise max_payload_bytes in tableq.connect()"
+        )
+
+
+class PayloadInvalid(PayloadError):
+    def __init__(self, reason: str, kind: str | None = None) -> None:
+        self.kind, self.reason = kind, reason
+        of = f" of kind {kind!r}" if kind else ""
+        super().__init__(f"payload{of} is invalid: {reason}")
+
+
+class UnknownKind(PayloadError):
+    def __init__(self, kind: str, known: list[str]) -> None:
+        self.kind = kind
+        have = ", ".join(repr(k) for k in sorted(known)) or "none"
+        super().__init__(
+            f"kind {kind!r} is not registered on this queue (registered: {have}); call "
+            "queue.register_kind(kind, encode=..., decode=...) first, or send with kind=None"
+        )
+
+
+# --- queue state ---------------------------------------------------------------------------
+
+
+class DuplicateMessage(TableqError):
+    def __init__(self, topic: str, key: str | None, existing_id: int | None = None) -> None:
+        self.topic, self.key, self.existing_id = topic, key, existing_id
+        held = f" (message {existing_id})" if existing_id is not None else ""
+        super().__init__(
+            f"a live message with key {key!r} already exists on {topic!r}{held}; use "
+            "on_duplicate='ignore' to keep it or on_duplicate='replace' to overwrite it"
+        )
+
+
+class LeaseLost(TableqError):
+    def __init__(self, topic: str, message_id: int, action: str = "ack") -> None:
+        self.topic, self.message_id, self.action = topic, message_id, action
+        super().__init__(
+            f"cannot {action} message {message_id} on {topic!r}: its lease expired and it was "
+            "taken by another receiver, acked, or replaced, so nothing was changed; call "
+            "heartbeat() during long handlers or raise visibility_timeout"
+        )
+
+
+class NotFound(TableqError, LookupError):
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} was not found")
+
+
+# --- database ------------------------------------------------------------------------------
+
+
+class DatabaseError(TableqError):
+    """The database failed in a way tableq could not hide by retrying."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        super().__init__(
+            f"cannot reach the queue database at {where}: {reason}; check that the server is "
+            "running and the URL, user and password are right"
+        )
+
+
+class StorageFull(DatabaseError):
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(
+            f"the queue database at {where} is out of space ({reason}); nothing was written: "
+            "free disk space and retry"
+        )

@@ -1,0 +1,131 @@
+"""Pure checks on names users choose: topics, keys, kinds, header names, filters, SQL
+identifiers. No I/O."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tableq.errors import InvalidArgument, InvalidName
+
+TOPIC_MAX_BYTES = 200
+KEY_MAX_CHARS = 255
+KIND_MAX_CHARS = 100
+HEADER_NAME_MAX_CHARS = 100
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+# A filter field is a top-level JSON key; the MySQL/SQLite path language must not see '$', '.',
+# '*', quotes or brackets in it, so the grammar is deliberately narrow.
+FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+
+
+def _printable(what: str, value: object, max_chars: int | None, max_bytes: int | None) -> str:
+    if not isinstance(value, str):
+        raise InvalidName(what, value, "must be a string")
+    if not value:
+        raise InvalidName(what, value, "must not be empty")
+    if max_chars is not None and len(value) > max_chars:
+        raise InvalidName(what, value, f"must be at most {max_chars} characters")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidName(what, value, "must be valid Unicode (no lone surrogates)") from None
+    if max_bytes is not None and size > max_bytes:
+        raise InvalidName(what, value, f"must be at most {max_bytes} bytes in UTF-8")
+    if not value.isprintable():
+        raise InvalidName(what, value, "must contain only printable characters")
+    if value != value.strip():
+        raise InvalidName(what, value, "must not start or end with whitespace")
+    return value
+
+
+def check_topic(topic: object) -> str:
+    return _printable("topic", topic, None, TOPIC_MAX_BYTES)
+
+
+def check_key(key: object) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidName("key", key, "must be a string or None")
+    if not key:
+        raise InvalidName("key", key, "must not be empty (use None for no key)")
+    if len(key) > KEY_MAX_CHARS:
+        raise InvalidName("key", key, f"must be at most {KEY_MAX_CHARS} characters")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidName("key", key, "must be valid Unicode (no lone surrogates)") from None
+    if "\x00" in key:
+        raise InvalidName("key", key, "must not contain NUL characters")
+    return key
+
+
+def check_kind(kind: object) -> str | None:
+    if kind is None:
+        return None
+    return _printable("kind", kind, KIND_MAX_CHARS, None)
+
+
+def check_headers(headers: object) -> dict[str, str] | None:
+    if headers is None:
+        return None
+    if not isinstance(headers, Mapping):
+        raise InvalidArgument(f"headers must be a dict of strings, not {type(headers).__name__}")
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        _printable("header name", name, HEADER_NAME_MAX_CHARS, None)
+        if not isinstance(value, str):
+            raise InvalidArgument(
+                f"header {name!r} must be a string, not {type(value).__name__}; "
+                "convert numbers and ids with str()"
+            )
+        out[name] = value
+    return out or None
+
+
+def check_identifier(what: str, value: object) -> str:
+    if not isinstance(value, str) or not IDENTIFIER.match(value):
+        raise InvalidName(what, value, "must match ^[a-z_][a-z0-9_]{0,40}$")
+    return value
+
+
+def check_where(where: object) -> dict[str, Any] | None:
+    """A receive filter: {"kind": ..., "key": ..., "payload": {field: value}} or the short form
+    {field: value, ...} for payload fields, plus optional "kind"/"key"."""
+    if where is None:
+        return None
+    if not isinstance(where, Mapping):
+        raise InvalidArgument("where must be a dict such as {'kind': 'email'} or {'user': 7}")
+    kind = key = None
+    fields: dict[str, Any] = {}
+    for name, value in where.items():
+        if name == "kind":
+            kind = check_kind(value)
+        elif name == "key":
+            key = check_key(value)
+        elif name == "payload":
+            if not isinstance(value, Mapping):
+                raise InvalidArgument("where['payload'] must be a dict of field: value")
+            for f, v in value.items():
+                fields[_check_field(f)] = _check_value(f, v)
+        else:
+            fields[_check_field(name)] = _check_value(name, value)
+    return {"kind": kind, "key": key, "fields": fields}
+
+
+def _check_field(name: object) -> str:
+    if not isinstance(name, str) or not FIELD.match(name):
+        raise InvalidName(
+            "filter field", name, "must be a top-level JSON key of letters, digits, _ or -"
+        )
+    return name
+
+
+def _check_value(name: str, value: object) -> object:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise InvalidArgument(
+        f"filter value for {name!r} must be a string, number, boolean or None, "
+        f"not {type(value).__name__}"
+    )

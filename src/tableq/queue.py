@@ -1,0 +1,454 @@
+"""The public sync API: validate and encode what users pass, delegate to a backend, and turn
+rows into Messages. No SQL here, and no driver exceptions: backends map those."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, Iterator
+
+from tableq.backends.base import Backend, ClaimSpec, Filter, NewMessage, Row
+from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, KindRegistry
+from tableq.errors import InvalidArgument, LeaseLost, PayloadInvalid
+from tableq.message import DeadLetter, Message, SendResult
+from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
+from tableq.stats import TopicStats
+
+DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
+DEFAULT_MAX_ATTEMPTS = 5
+RECEIVE_MAX_LIMIT = 10_000
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+ON_DUPLICATE = ("ignore", "replace", "error")
+MODES = ("at_least_once", "at_most_once")
+_ITEM_FIELDS = {"payload", "key", "kind", "headers", "priority", "delay", "at"}
+
+
+def seconds(what: str, value: float | timedelta | None, default: float) -> float:
+    """A duration in seconds from a number or a timedelta; refuses negatives and NaN."""
+    if value is None:
+        return default
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidArgument(f"{what} must be a number of seconds or a timedelta, not {value!r}")
+    if value < 0 or math.isinf(value):
+        raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
+def _positive_int(what: str, value: object, upper: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{what} must be a whole number >= 1, not {value!r}")
+    if upper is not None and value > upper:
+        raise InvalidArgument(f"{what} must be at most {upper}, not {value}")
+    return value
+
+
+def _priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"priority must be a whole number, not {value!r}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidArgument(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
+    return value
+
+
+def _at(value: object) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidArgument(
+            "at= must be a timezone-aware datetime, e.g. datetime.now(timezone.utc) + "
+            "timedelta(minutes=5); a naive datetime is ambiguous"
+        )
+    return value
+
+
+class Queue:
+    """A queue database. Thread-safe: share one Queue across threads of a process."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        visibility_timeout: float | timedelta = DEFAULT_VISIBILITY_TIMEOUT_S,
+        retention: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
+        self.max_attempts = _positive_int("max_attempts", max_attempts)
+        self.visibility_timeout_s = seconds("visibility_timeout", visibility_timeout, 30.0)
+        self.retention = bool(retention)
+        self.kinds = KindRegistry()
+        self._topic_max_attempts: dict[str, int] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def dialect(self) -> str:
+        return self.backend.dialect
+
+    def migrate(self) -> list[int]:
+        """Creates or upgrades tableq's tables; safe to run from several processes at once.
+        Returns the migration versions this call applied."""
+        return self.backend.migrate()
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tableq.Queue {self.backend.where}>"
+
+    def now(self) -> datetime:
+        """The database clock, which every due time and lease is measured by."""
+        return self.backend.now()
+
+    # --- configuration ----------------------------------------------------------------------
+
+    def register_kind(self, kind: str, encode: Any = None, decode: Any = None, *,
+                      model: Any = None) -> None:
+        """Validates payloads of `kind`: `encode` runs on send (return a JSON-able value or
+        bytes, or raise), `decode` on receive. `model=` takes a pydantic model class."""
+        self.kinds.register(kind, encode, decode, model=model)
+
+    def configure_topic(self, topic: str, *, max_attempts: int | None = None) -> None:
+        check_topic(topic)
+        if max_attempts is not None:
+            self._topic_max_attempts[topic] = _positive_int("max_attempts", max_attempts)
+
+    def _max_attempts(self, topic: str, override: int | None) -> int:
+        if override is not None:
+            return _positive_int("max_attempts", override)
+        return self._topic_max_attempts.get(topic, self.max_attempts)
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def _new(self, topic: str, payload: Any, *, key: Any, kind: Any, headers: Any,
+             priority: Any, delay: Any, at: Any) -> NewMessage:
+        kind = check_kind(kind)
+        encoded = self.kinds.encode(kind, payload, self.max_payload_bytes)
+        hdrs = check_headers(headers)
+        when = _at(at)
+        if when is not None and delay is not None:
+            raise InvalidArgument("pass either delay= or at=, not both")
+        return NewMessage(
+            topic=topic, key=check_key(key), kind=kind, json_text=encoded.json_text,
+            data=encoded.data, headers_json=json.dumps(hdrs) if hdrs else None,
+            priority=_priority(priority), delay_s=seconds("delay", delay, 0.0), at=when,
+        )
+
+    def _check_send(self, on_duplicate: str, connection: Any) -> None:
+        if on_duplicate not in ON_DUPLICATE:
+            raise InvalidArgument(f"on_duplicate must be one of {ON_DUPLICATE}, "
+                                  f"not {on_duplicate!r}")
+        if connection is not None:
+            self.backend.check_connection(connection)
+
+    def send(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        kind: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        on_duplicate: str = "ignore",
+        connection: Any = None,
+    ) -> SendResult:
+        """Enqueues one message; durable when this returns, or, with connection=, when the
+        caller's transaction on that connection commits (the outbox)."""
+        check_topic(topic)
+        self._check_send(on_duplicate, connection)
+        row = self._new(topic, payload, key=key, kind=kind, headers=headers,
+                        priority=priority, delay=delay, at=at)
+        ((msg_id, status),) = self.backend.insert([row], on_duplicate, connection)
+        return SendResult(msg_id, status, row.key)  # type: ignore[arg-type]
+
+    def send_many(
+        self,
+        topic: str,
+        items: Iterable[Any],
+        *,
+        kind: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        on_duplicate: str = "ignore",
+        connection: Any = None,
+    ) -> list[SendResult]:
+        """Enqueues many messages in one transaction and one round trip per batch. Each item
+        is a payload, or a dict with "payload" and any of key, kind, headers, priority, delay,
+        at (which override the call's defaults). All are validated before anything is sent."""
+        check_topic(topic)
+        self._check_send(on_duplicate, connection)
+        rows = [self._item(topic, item, kind, headers, priority, delay, at) for item in items]
+        if not rows:
+            return []
+        done = self.backend.insert(rows, on_duplicate, connection)
+        return [SendResult(i, s, r.key) for (i, s), r in zip(done, rows)]  # type: ignore[arg-type]
+
+    def _item(self, topic: str, item: Any, kind: Any, headers: Any, priority: Any,
+              delay: Any, at: Any) -> NewMessage:
+        if isinstance(item, Mapping) and "payload" in item:
+            extra = set(item) - _ITEM_FIELDS
+            if extra:
+                raise InvalidArgument(
+                    f"unknown field(s) {sorted(extra)} in a send_many item; allowed: "
+                    f"{sorted(_ITEM_FIELDS)} (wrap a payload that has a 'payload' field as "
+                    "{'payload': {...}})"
+                )
+            return self._new(
+                topic, item["payload"], key=item.get("key"), kind=item.get("kind", kind),
+                headers=item.get("headers", headers), priority=item.get("priority", priority),
+                delay=item.get("delay", delay if "at" not in item else None),
+                at=item.get("at", at if "delay" not in item else None),
+            )
+        return self._new(topic, item, key=None, kind=kind, headers=headers, priority=priority,
+                         delay=delay, at=at)
+
+    # --- receiving ----------------------------------------------------------------------------
+
+    def _spec(self, topic: str, max: int, visibility_timeout: Any, where: Any,
+              max_attempts: int | None, lease: str | None = None) -> ClaimSpec:
+        check_topic(topic)
+        w = check_where(where)
+        return ClaimSpec(
+            topic=topic,
+            max=_positive_int("max", max, RECEIVE_MAX_LIMIT),
+            visibility_timeout_s=seconds("visibility_timeout", visibility_timeout,
+                                         self.visibility_timeout_s),
+            max_attempts=self._max_attempts(topic, max_attempts),
+            where=Filter(w["kind"], w["key"], tuple(w["fields"].items())) if w else None,
+            lease=lease,
+        )
+
+    def receive(
+        self,
+        topic: str,
+        *,
+        max: int = 1,
+        visibility_timeout: float | timedelta | None = None,
+        where: Mapping[str, Any] | None = None,
+        mode: str = "at_least_once",
+        max_attempts: int | None = None,
+    ) -> list[Message]:
+        """Up to `max` due messages, highest priority first, then oldest. at_least_once leases
+        each one for `visibility_timeout` seconds (ack, nack or heartbeat it before then);
+        at_most_once removes them as it returns them."""
+        if mode not in MODES:
+            raise InvalidArgument(f"mode must be one of {MODES} (exactly-once processing uses "
+                                  f"queue.transaction()), not {mode!r}")
+        spec = self._spec(topic, max, visibility_timeout, where, max_attempts)
+        if mode == "at_most_once":
+            return [self._decoded_or_none(r, None, bury=False)
+                    for r in self.backend.claim_delete(spec).rows]
+        return self._claim(spec, None, None)
+
+    def _claim(self, spec: ClaimSpec, conn: Any, tx: Any) -> list[Message]:
+        out: list[Message] = []
+        for _ in range(10):  # bounded: each pass buries or returns something
+            want = spec.max - len(out)
+            result = self.backend.claim(
+                ClaimSpec(spec.topic, want, spec.visibility_timeout_s, spec.max_attempts,
+                          spec.where, spec.lease), conn)
+            undecodable = 0
+            for row in result.rows:
+                msg = self._decoded_or_none(row, tx, bury=True, conn=conn)
+                if msg is None:
+                    undecodable += 1
+                else:
+                    out.append(msg)
+            if len(out) >= spec.max or (result.buried == 0 and undecodable == 0):
+                break
+        return out
+
+    def _decoded_or_none(self, row: Row, tx: Any, *, bury: bool, conn: Any = None) -> Any:
+        try:
+            payload = self.kinds.decode(row.get("kind"), row["payload"])
+        except PayloadInvalid as exc:
+            if not bury:
+                raise
+            # A payload its kind rejects is poison: dead-letter it instead of redelivering.
+            self.backend.bury(row["id"], row["lease"], f"undecodable payload: {exc}", conn)
+            return None
+        return self._message({**row, "payload": payload}, tx)
+
+    def _message(self, row: Row, tx: Any = None) -> Message:
+        return Message(
+            id=row["id"], topic=row["topic"], key=row.get("key"), kind=row.get("kind"),
+            payload=row["payload"], headers=row.get("headers") or {},
+            priority=row["priority"], attempts=row["attempts"], created_at=row["created_at"],
+            available_at=row["available_at"], first_available_at=row["first_available_at"],
+            lease=row.get("lease"), last_error=row.get("last_error"),
+            progress=row.get("progress"), received_at=row.get("received_at"),
+            _queue=self, _transaction=tx,
+        )
+
+    # --- settling -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _leased(msg: Message, action: str) -> tuple[int, str]:
+        if not isinstance(msg, Message):
+            raise InvalidArgument(f"{action} takes a Message from receive(), not "
+                                  f"{type(msg).__name__}")
+        if msg.lease is None:
+            raise InvalidArgument(
+                f"cannot {action} message {msg.id}: it was peeked or received at most once, so "
+                "it holds no lease"
+            )
+        return msg.id, msg.lease
+
+    def ack(self, msg: Message, *, connection: Any = None) -> None:
+        """Removes the message (archives it with retention=True) if this delivery still holds
+        its lease; otherwise raises LeaseLost and changes nothing."""
+        self.ack_many([msg], connection=connection)
+
+    def ack_many(self, msgs: Sequence[Message], *, connection: Any = None) -> None:
+        """Acks many messages in one statement. Those whose lease was lost raise LeaseLost
+        (for the first of them) after the others were acked."""
+        refs = [self._leased(m, "ack") for m in msgs]
+        if not refs:
+            return
+        done = self.backend.ack(refs, self.retention, connection)
+        for m in msgs:
+            if m.id not in done:
+                raise LeaseLost(m.topic, m.id, "ack")
+
+    def nack(self, msg: Message, *, delay: float | timedelta | None = None,
+             error: str | None = None) -> None:
+        """Releases the message for another delivery after `delay` seconds, keeping `error`
+        as its last error. The attempt still counts towards max_attempts."""
+        self._release(msg, delay, error, penalty=True, action="nack")
+
+    def release(self, msg: Message) -> None:
+        """Gives the message back at once without charging the attempt (for messages fetched
+        but never started, as on shutdown)."""
+        self._release(msg, None, None, penalty=False, action="release")
+
+    def _release(self, msg: Message, delay: Any, error: str | None, *, penalty: bool,
+                 action: str) -> None:
+        msg_id, lease = self._leased(msg, action)
+        if error is not None and not isinstance(error, str):
+            error = repr(error)
+        if not self.backend.release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
+            raise LeaseLost(msg.topic, msg.id, action)
+
+    def heartbeat(self, msg: Message, *, extend: float | timedelta | None = None,
+                  progress: Any = None) -> Message:
+        """Extends the lease to `extend` seconds from now (default: the visibility timeout)
+        and optionally saves `progress` (JSON) on the row. Returns the message with its new
+        lease expiry."""
+        msg_id, lease = self._leased(msg, "heartbeat")
+        extend_s = seconds("extend", extend, self.visibility_timeout_s)
+        progress_json = None
+        if progress is not None:
+            progress_json = self.kinds.encode(None, progress, self.max_payload_bytes).json_text
+            if progress_json is None:
+                raise InvalidArgument("progress must be JSON-serialisable, not bytes")
+        until = self.backend.extend(msg_id, lease, extend_s, progress_json)
+        if until is None:
+            raise LeaseLost(msg.topic, msg.id, "heartbeat")
+        return _replace(msg, available_at=until,
+                        progress=progress if progress is not None else msg.progress)
+
+    def dead_letter(self, msg: Message, error: str, *, connection: Any = None) -> None:
+        """Moves the message to the dead-letter store with `error`, if the lease still holds."""
+        msg_id, lease = self._leased(msg, "dead-letter")
+        if not self.backend.bury(msg_id, lease, str(error), connection):
+            raise LeaseLost(msg.topic, msg.id, "dead-letter")
+
+    def forward(self, msg: Message, topic: str, payload: Any, **send_options: Any) -> SendResult:
+        """Sends the next step and acks `msg` in one transaction: both happen or neither."""
+        self._leased(msg, "forward")
+        with self.transaction() as tx:
+            result = tx.send(topic, payload, **send_options)
+            tx.ack(msg)
+        return result
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """Exactly-once processing: receive, your own SQL on tx.connection, ack and send all
+        commit together, or all roll back when the block raises (or the process dies)."""
+        from tableq.transaction import Transaction
+
+        with self.backend.transaction() as conn:
+            yield Transaction(self, conn)
+
+    # --- looking and housekeeping -------------------------------------------------------------
+
+    def peek(self, topic: str, limit: int = 10) -> list[Message]:
+        """Live messages in delivery order, without leasing them."""
+        check_topic(topic)
+        rows = self.backend.peek(topic, _positive_int("limit", limit, RECEIVE_MAX_LIMIT))
+        return [self._message({**r, "lease": None}) for r in rows]
+
+    def get(self, msg_id: int) -> Message | None:
+        """A live message by id (without its lease), or None."""
+        row = self.backend.get(_positive_int("id", msg_id))
+        return self._message({**row, "lease": None}) if row else None
+
+    def topics(self) -> list[str]:
+        return self.backend.topics()
+
+    def stats(self, topic: str | None = None) -> list[TopicStats]:
+        if topic is not None:
+            check_topic(topic)
+        rows = self.backend.stats(topic)
+        if topic is not None and not rows:
+            rows = [{"topic": topic, "ready": 0, "scheduled": 0, "in_flight": 0, "dead": 0,
+                     "done": 0, "oldest_ready_age": None}]
+        return [TopicStats(**r) for r in rows]
+
+    def purge(self, topic: str) -> int:
+        """Deletes every live message of the topic (dead letters stay). Returns the count."""
+        return self.backend.purge(check_topic(topic))
+
+    def dead_letters(self, topic: str, *, limit: int = 100) -> list[DeadLetter]:
+        check_topic(topic)
+        rows = self.backend.dead_list(topic, _positive_int("limit", limit, 100_000))
+        return [_dead(r) for r in rows]
+
+    def requeue_dead(self, topic: str, ids: Sequence[int] | None = None) -> int:
+        """Moves dead letters back to the queue as new messages (attempts reset, same id).
+        One whose key is live again stays dead. Returns how many moved."""
+        return self.backend.dead_requeue(check_topic(topic), _ids(ids))
+
+    def purge_dead(self, topic: str, ids: Sequence[int] | None = None) -> int:
+        return self.backend.dead_purge(check_topic(topic), _ids(ids))
+
+
+def _ids(ids: Sequence[int] | None) -> list[int] | None:
+    if ids is None:
+        return None
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise InvalidArgument("ids must be a list of message ids")
+    return [_positive_int("id", i) for i in ids]
+
+
+def _dead(r: Row) -> DeadLetter:
+    return DeadLetter(
+        id=r["id"], topic=r["topic"], key=r.get("key"), kind=r.get("kind"),
+        payload=r["payload"], headers=r.get("headers") or {}, priority=r["priority"],
+        attempts=r["attempts"], created_at=r["created_at"],
+        first_available_at=r["first_available_at"], error=r.get("error"), dead_at=r["dead_at"],
+    )
+
+
+def _replace(msg: Message, **changes: Any) -> Message:
+    import dataclasses
+
+    return dataclasses.replace(msg, **changes)

@@ -1,0 +1,53 @@
+"""Exactly-once processing: receive, the caller's own SQL, ack and send on one connection in
+one database transaction. A crash or an exception rolls all of it back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from tableq.message import Message, SendResult
+
+if TYPE_CHECKING:
+    from tableq.queue import Queue
+
+
+class Transaction:
+    """Made by `with queue.transaction() as tx:`; valid only inside that block."""
+
+    def __init__(self, queue: Queue, connection: Any) -> None:
+        self._queue = queue
+        self._conn = connection
+
+    @property
+    def connection(self) -> Any:
+        """The open DB-API connection of this transaction, for the caller's own statements.
+        Do not commit or roll it back yourself: the `with` block does."""
+        return self._conn
+
+    def receive(
+        self,
+        topic: str,
+        *,
+        max: int = 1,
+        where: Mapping[str, Any] | None = None,
+        visibility_timeout: float | timedelta | None = None,
+        max_attempts: int | None = None,
+    ) -> list[Message]:
+        """Due messages locked by this transaction (others skip them). Their delivery only
+        becomes visible if the transaction commits; ack them before it ends."""
+        spec = self._queue._spec(topic, max, visibility_timeout, where, max_attempts)
+        return self._queue._claim(spec, self._conn, self)
+
+    def ack(self, msg: Message) -> None:
+        self._queue.ack(msg, connection=self._conn)
+
+    def dead_letter(self, msg: Message, error: str) -> None:
+        self._queue.dead_letter(msg, error, connection=self._conn)
+
+    def send(self, topic: str, payload: Any, **options: Any) -> SendResult:
+        return self._queue.send(topic, payload, connection=self._conn, **options)
+
+    def send_many(self, topic: str, items: Iterable[Any], **options: Any) -> list[SendResult]:
+        return self._queue.send_many(topic, items, connection=self._conn, **options)
