@@ -388,6 +388,75 @@ class Queue:
         with self.backend.transaction() as conn:
             yield Transaction(self, conn)
 
+    # --- building blocks for bulk pipelines (the Spark source and sink) --------------------
+
+    def stage_many(self, job: str, part: int, topic: str, items: Iterable[Any], *,
+                   on_duplicate: str = "ignore") -> int:
+        """Stages messages invisibly under (job, part); nothing is delivered until
+        publish_staged(job, parts) makes the listed parts visible together."""
+        check_topic(topic)
+        self._check_send(on_duplicate, None)
+        rows = [self._item(topic, item, None, None, 0, None, None) for item in items]
+        return self.backend.stage(_job(job), int(part), rows) if rows else 0
+
+    def publish_staged(self, job: str, parts: Sequence[int], *,
+                       on_duplicate: str = "ignore") -> int | None:
+        """In one transaction: makes the staged rows of `parts` visible, drops every other
+        staged row of the job, and marks the job committed. Returns the number published, or
+        None when the job was already committed (so a rerun is a no-op)."""
+        if on_duplicate not in ("ignore", "replace"):
+            raise InvalidArgument("publish_staged takes on_duplicate='ignore' or 'replace'")
+        return self.backend.publish(_job(job), [int(p) for p in parts], on_duplicate)
+
+    def discard_staged(self, job: str) -> int:
+        """Drops every staged row of the job (an aborted load). Returns how many."""
+        return self.backend.discard(_job(job))
+
+    def cleanup_staged(self, older_than: float | timedelta = 3600.0) -> int:
+        """Drops staged rows of loads still open after `older_than` seconds (their driver
+        died between writing and committing). Returns how many rows."""
+        return self.backend.stage_cleanup(seconds("older_than", older_than, 3600.0))
+
+    def staged_job_state(self, job: str) -> str | None:
+        """'open', 'committed', 'aborted', or None for a job never seen."""
+        return self.backend.job_state(_job(job))
+
+    def receive_batch(self, topic: str, lease: str, *, max: int = 1000,
+                      visibility_timeout: float | timedelta | None = None,
+                      max_attempts: int | None = None) -> list[Message]:
+        """Leases up to `max` due messages under one caller-chosen lease token, so they can
+        be read again (leased_messages), extended and acked as a group."""
+        spec = self._spec(topic, max, visibility_timeout, None, max_attempts, _job(lease))
+        return self._claim(spec, None, None)
+
+    def leased_messages(self, topic: str, lease: str) -> list[Message]:
+        check_topic(topic)
+        return [self._message(r) for r in self.backend.lease_rows(topic, _job(lease))]
+
+    def ack_lease(self, topic: str, lease: str) -> int:
+        """Acks every message still held under the group lease; returns how many."""
+        return self.backend.lease_ack(check_topic(topic), _job(lease), self.retention)
+
+    def extend_lease(self, topic: str, lease: str, extend: float | timedelta) -> int:
+        return self.backend.lease_extend(check_topic(topic), _job(lease),
+                                         seconds("extend", extend, self.visibility_timeout_s))
+
+    def history_bounds(self, source: str, topic: str | None = None) -> tuple[int, int] | None:
+        """(min id, max id) of the dead-letter store (source='dead') or the archive of acked
+        messages (source='done'), or None when empty."""
+        return self.backend.history_bounds(_source(source), _opt_topic(topic))
+
+    def history(self, source: str, topic: str | None, lo: int, hi: int, *,
+                before: datetime | None = None) -> list[Row]:
+        """Rows of the dead-letter store or the archive with lo <= id <= hi (and dead_at /
+        done_at before `before`), as plain dicts."""
+        rows = self.backend.history_rows(_source(source), _opt_topic(topic), int(lo), int(hi),
+                                         _at(before))
+        return rows
+
+    def delete_history(self, source: str, ids: Sequence[int]) -> int:
+        return self.backend.history_delete(_source(source), _ids(ids) or [])
+
     # --- looking and housekeeping -------------------------------------------------------------
 
     def peek(self, topic: str, limit: int = 10) -> list[Message]:
@@ -437,6 +506,23 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise InvalidArgument("ids must be a list of message ids")
     return [_positive_int("id", i) for i in ids]
+
+
+def _job(token: str) -> str:
+    if not isinstance(token, str) or not 1 <= len(token) <= 200 or not token.isprintable():
+        raise InvalidArgument(f"a job or lease token must be 1-200 printable characters, "
+                              f"not {token!r}")
+    return token
+
+
+def _source(source: str) -> str:
+    if source not in ("dead", "done"):
+        raise InvalidArgument(f"source must be 'dead' or 'done', not {source!r}")
+    return source
+
+
+def _opt_topic(topic: str | None) -> str | None:
+    return None if topic is None else check_topic(topic)
 
 
 def _dead(r: Row) -> DeadLetter:
