@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from tableq.backends.base import Backend, ClaimSpec, Filter, NewMessage, Row
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, KindRegistry
-from tableq.errors import InvalidArgument, LeaseLost, PayloadInvalid
+from tableq.errors import DuplicateMessage, InvalidArgument, LeaseLost, PayloadInvalid
 from tableq.message import DeadLetter, Message, SendResult
 from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
 from tableq.stats import TopicStats
@@ -109,6 +109,12 @@ class Queue:
     def __repr__(self) -> str:
         return f"<tableq.Queue {self.backend.where}>"
 
+    def listener(self) -> Any:
+        """On PostgreSQL, a LISTEN/NOTIFY listener: `.wait(timeout_s)` blocks until new due
+        messages arrive and returns their topics (`.wait_counts()` also gives how many);
+        `.close()`. None on databases without notifications. A hint only: keep polling."""
+        return self.backend.listener()
+
     def now(self) -> datetime:
         """The database clock, which every due time and lease is measured by."""
         return self.backend.now()
@@ -198,8 +204,15 @@ class Queue:
         rows = [self._item(topic, item, kind, headers, priority, delay, at) for item in items]
         if not rows:
             return []
-        done = self.backend.insert(rows, on_duplicate, connection)
-        return [SendResult(i, s, r.key) for (i, s), r in zip(done, rows)]  # type: ignore[arg-type]
+        unique, slots = dedupe_batch(rows, on_duplicate)
+        done = self.backend.insert(unique, on_duplicate, connection)
+        out = []
+        for row, (slot, repeat) in zip(rows, slots):
+            msg_id, status = done[slot]
+            if repeat:  # as if sent one after the other: the later ones meet the first
+                status = "replaced" if on_duplicate == "replace" else "duplicate"
+            out.append(SendResult(msg_id, status, row.key))  # type: ignore[arg-type]
+        return out
 
     def _item(self, topic: str, item: Any, kind: Any, headers: Any, priority: Any,
               delay: Any, at: Any) -> NewMessage:
@@ -498,6 +511,33 @@ class Queue:
 
     def purge_dead(self, topic: str, ids: Sequence[int] | None = None) -> int:
         return self.backend.dead_purge(check_topic(topic), _ids(ids))
+
+
+def dedupe_batch(rows: list[NewMessage], on_duplicate: str
+                 ) -> tuple[list[NewMessage], list[tuple[int, bool]]]:
+    """Collapses repeated (topic, key) pairs inside one batch, as sequential sends would:
+    'ignore' keeps the first, 'replace' the last, 'error' refuses. Returns the unique rows and,
+    for each input row, (index into them, whether it repeated an earlier key)."""
+    first: dict[tuple[str, str], int] = {}
+    unique: list[NewMessage] = []
+    slots: list[tuple[int, bool]] = []
+    for row in rows:
+        if row.key is None:
+            slots.append((len(unique), False))
+            unique.append(row)
+            continue
+        ident = (row.topic, row.key)
+        if ident not in first:
+            first[ident] = len(unique)
+            slots.append((len(unique), False))
+            unique.append(row)
+        elif on_duplicate == "error":
+            raise DuplicateMessage(row.topic, row.key)
+        else:
+            if on_duplicate == "replace":
+                unique[first[ident]] = row
+            slots.append((first[ident], True))
+    return unique, slots
 
 
 def _ids(ids: Sequence[int] | None) -> list[int] | None:

@@ -103,6 +103,10 @@ class Backend(ABC):
         """Raises InvalidArgument unless conn is this driver's connection to this database."""
     @abstractmethod
     def now(self) -> datetime: ...
+    def listener(self) -> Any:
+        """A wake-up listener (wait(timeout_s) -> topics with new due messages), or None when
+        the database cannot notify; workers then rely on polling alone."""
+        return None
 
     # --- messages
     @abstractmethod

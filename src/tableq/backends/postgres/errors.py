@@ -1,0 +1,44 @@
+"""Maps psycopg exceptions to tableq's errors. The only place that catches them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import errors as pgerr
+
+from tableq.backends.base import TransientError
+from tableq.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    SchemaNotMigrated,
+    StorageFull,
+)
+
+
+class UniqueViolation(Exception):
+    """Internal: a dedup-index conflict, turned into DuplicateMessage by the backend."""
+
+
+@contextmanager
+def map_errors(where: str) -> Iterator[None]:
+    try:
+        yield
+    except (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable) as exc:
+        raise TransientError(str(exc)) from exc
+    except pgerr.UniqueViolation as exc:
+        raise UniqueViolation(str(exc)) from exc
+    except (pgerr.UndefinedTable, pgerr.InvalidSchemaName, pgerr.UndefinedFunction) as exc:
+        raise SchemaNotMigrated(where) from exc
+    except (pgerr.DiskFull, pgerr.OutOfMemory) as exc:
+        raise StorageFull(where, str(exc).strip()) from exc
+    except pgerr.ProgramLimitExceeded as exc:
+        raise DatabaseError(
+            f"PostgreSQL refused a value at {where}: {str(exc).strip()}; make the payload or "
+            "key smaller"
+        ) from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(where, str(exc).strip().splitlines()[0]) from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(f"PostgreSQL error at {where}: {str(exc).strip()}") from exc

@@ -1,0 +1,336 @@
+-- tableq named queries for PostgreSQL (psycopg %(name)s parameters; {schema} is tableq's
+-- schema). Times come from the server: clock_timestamp() where a long transaction must not
+-- see a stale "now" (claims, leases), statement_timestamp() for sends.
+
+-- name: server_version :one
+SELECT current_setting('server_version_num')::int AS version;
+
+-- name: schema_create :exec
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: migration_lock :exec
+-- Migrators in other processes wait here; the lock ends with the transaction.
+SELECT pg_advisory_xact_lock(hashtext('tableq.migrate.' || %(schema)s));
+
+-- name: migration_create :exec
+CREATE TABLE IF NOT EXISTS {schema}.migration (
+    version integer PRIMARY KEY, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- name: migration_versions :many
+SELECT version FROM {schema}.migration ORDER BY version;
+
+-- name: migration_record :exec
+INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: clock_now :one
+SELECT clock_timestamp() AS now;
+
+-- name: listen :exec
+LISTEN {channel};
+
+-- name: message_insert :many
+-- One round trip per batch: arrays in, rows out. Ids follow the array order.
+INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                              available_at, first_available_at)
+SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
+       r.due, r.due
+FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
+      FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
+                  %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
+                  %(ats)s::timestamptz[], %(delays)s::float8[])
+           WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
+                                delay_s, ord)
+      ORDER BY u.ord) r
+RETURNING id, key;
+
+-- name: message_insert_ignore :many
+INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                              available_at, first_available_at)
+SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
+       r.due, r.due
+FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
+      FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
+                  %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
+                  %(ats)s::timestamptz[], %(delays)s::float8[])
+           WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
+                                delay_s, ord)
+      ORDER BY u.ord) r
+ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
+RETURNING id, key;
+
+-- name: message_insert_replace :many
+-- Replacing resets the delivery: a worker holding the old lease gets LeaseLost on ack.
+-- xmax = 0 tells a freshly inserted row from an updated one.
+INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                              available_at, first_available_at)
+SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
+       r.due, r.due
+FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
+      FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
+                  %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
+                  %(ats)s::timestamptz[], %(delays)s::float8[])
+           WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
+                                delay_s, ord)
+      ORDER BY u.ord) r
+ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
+    kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
+    headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
+    last_error = NULL, progress = NULL, received_at = NULL,
+    available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at
+RETURNING id, key, (xmax = 0) AS inserted;
+
+-- name: message_find_keys :many
+SELECT m.id, m.topic, m.key FROM {schema}.message m
+JOIN unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
+  ON m.topic = u.topic AND m.key = u.key;
+
+-- name: message_claim :many
+-- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
+-- Rows already received max_attempts times go to the dead-letter store instead; the final
+-- LEFT JOIN returns one row even when nothing was leased, to carry the buried count.
+WITH due AS (
+    SELECT id, attempts, priority, available_at FROM {schema}.message
+    WHERE topic = %(topic)s AND available_at <= clock_timestamp() /*filter*/
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(max)s
+    FOR UPDATE SKIP LOCKED
+), spent AS (
+    DELETE FROM {schema}.message m USING due
+    WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+    RETURNING m.*
+), buried AS (
+    INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                               attempts, created_at, first_available_at, received_at, error,
+                               dead_at)
+    SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+           created_at, first_available_at, received_at,
+           COALESCE(last_error, 'received ' || attempts || ' times without an ack'),
+           clock_timestamp()
+    FROM spent
+    RETURNING 1
+), leased AS (
+    UPDATE {schema}.message m
+    SET lease = COALESCE(%(lease)s::text, gen_random_uuid()::text), attempts = m.attempts + 1,
+        received_at = clock_timestamp(),
+        available_at = clock_timestamp() + make_interval(secs => %(vt)s)
+    FROM due
+    WHERE m.id = due.id AND due.attempts < %(max_attempts)s
+    RETURNING m.*, due.priority AS due_priority, due.available_at AS due_at
+)
+SELECT l.*, b.buried
+FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
+ORDER BY l.due_priority DESC, l.due_at, l.id;
+
+-- name: message_take :many
+WITH due AS (
+    SELECT id FROM {schema}.message
+    WHERE topic = %(topic)s AND available_at <= clock_timestamp() /*filter*/
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(max)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.message m USING due WHERE m.id = due.id RETURNING m.*;
+
+-- name: message_ack :many
+-- Fenced on (id, lease): a stale lease matches nothing and changes nothing.
+DELETE FROM {schema}.message m
+USING unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+WHERE m.id = a.id AND m.lease = a.lease
+RETURNING m.id;
+
+-- name: message_ack_retain :many
+WITH gone AS (
+    DELETE FROM {schema}.message m
+    USING unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+    WHERE m.id = a.id AND m.lease = a.lease
+    RETURNING m.*
+)
+INSERT INTO {schema}.done (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                           attempts, created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, clock_timestamp(), lease
+FROM gone
+RETURNING id;
+
+-- name: message_release :one
+UPDATE {schema}.message
+SET lease = NULL, attempts = attempts - %(refund)s,
+    available_at = clock_timestamp() + make_interval(secs => %(delay_s)s),
+    last_error = COALESCE(%(error)s, last_error)
+WHERE id = %(id)s AND lease = %(lease)s
+RETURNING id;
+
+-- name: message_extend :one
+UPDATE {schema}.message
+SET available_at = clock_timestamp() + make_interval(secs => %(extend_s)s),
+    progress = COALESCE(%(progress)s::jsonb, progress)
+WHERE id = %(id)s AND lease = %(lease)s
+RETURNING available_at;
+
+-- name: message_bury :one
+WITH gone AS (
+    DELETE FROM {schema}.message WHERE id = %(id)s AND lease = %(lease)s RETURNING *
+)
+INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                           attempts, created_at, first_available_at, received_at, error, dead_at)
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, %(error)s, clock_timestamp()
+FROM gone
+RETURNING id;
+
+-- name: message_peek :many
+SELECT * FROM {schema}.message WHERE topic = %(topic)s
+ORDER BY priority DESC, available_at, id LIMIT %(limit)s;
+
+-- name: message_get :one
+SELECT * FROM {schema}.message WHERE id = %(id)s;
+
+-- name: message_topics :many
+SELECT topic FROM {schema}.message UNION SELECT topic FROM {schema}.dead ORDER BY 1;
+
+-- name: message_stats :many
+SELECT topic,
+       count(*) FILTER (WHERE available_at <= t.now) AS ready,
+       count(*) FILTER (WHERE available_at > t.now AND lease IS NULL) AS scheduled,
+       count(*) FILTER (WHERE available_at > t.now AND lease IS NOT NULL) AS in_flight,
+       extract(epoch FROM t.now - min(available_at) FILTER (WHERE available_at <= t.now))
+           AS oldest_ready_age
+FROM {schema}.message, (SELECT clock_timestamp() AS now) t
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s)
+GROUP BY topic, t.now;
+
+-- name: dead_stats :many
+SELECT topic, count(*) AS dead FROM {schema}.dead
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s) GROUP BY topic;
+
+-- name: done_stats :many
+SELECT topic, count(*) AS done FROM {schema}.done
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s) GROUP BY topic;
+
+-- name: message_purge :exec
+DELETE FROM {schema}.message WHERE topic = %(topic)s;
+
+-- name: dead_list :many
+SELECT * FROM {schema}.dead WHERE topic = %(topic)s ORDER BY id LIMIT %(limit)s;
+
+-- name: dead_requeue :many
+-- Back as a fresh message with the same id; one whose key is live again stays dead.
+WITH moved AS (
+    INSERT INTO {schema}.message (id, topic, key, kind, payload, payload_bytes, headers,
+                                  priority, attempts, created_at, available_at,
+                                  first_available_at, last_error)
+    SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, 0, created_at,
+           clock_timestamp(), clock_timestamp(), error
+    FROM {schema}.dead
+    WHERE topic = %(topic)s AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY id
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+DELETE FROM {schema}.dead WHERE id IN (SELECT id FROM moved) RETURNING id;
+
+-- name: dead_purge :exec
+DELETE FROM {schema}.dead
+WHERE topic = %(topic)s AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]));
+
+-- name: lease_rows :many
+SELECT * FROM {schema}.message WHERE topic = %(topic)s AND lease = %(lease)s
+ORDER BY priority DESC, id;
+
+-- name: lease_ack :exec
+DELETE FROM {schema}.message WHERE topic = %(topic)s AND lease = %(lease)s;
+
+-- name: lease_ack_retain :exec
+WITH gone AS (
+    DELETE FROM {schema}.message WHERE topic = %(topic)s AND lease = %(lease)s RETURNING *
+)
+INSERT INTO {schema}.done (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                           attempts, created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, clock_timestamp(), lease
+FROM gone;
+
+-- name: lease_extend :exec
+UPDATE {schema}.message SET available_at = clock_timestamp() + make_interval(secs => %(extend_s)s)
+WHERE topic = %(topic)s AND lease = %(lease)s;
+
+-- name: stage_copy :copy
+COPY {schema}.stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
+                     delay_s, at) FROM STDIN;
+
+-- name: load_job_open :exec
+INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', clock_timestamp())
+ON CONFLICT (job) DO NOTHING;
+
+-- name: load_job_lock :one
+-- Takes the job's row lock, so two commits of one job run one after the other.
+INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', clock_timestamp())
+ON CONFLICT (job) DO UPDATE SET job = EXCLUDED.job
+RETURNING state;
+
+-- name: load_job_state :one
+SELECT state FROM {schema}.load_job WHERE job = %(job)s;
+
+-- name: load_job_finish :exec
+UPDATE {schema}.load_job SET state = %(state)s, finished_at = clock_timestamp(), rows = %(rows)s
+WHERE job = %(job)s;
+
+-- name: stage_publish :exec
+INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                              available_at, first_available_at)
+SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, s.due, s.due
+FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due
+      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[])
+      ORDER BY sid) s
+ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING;
+
+-- name: stage_publish_replace :exec
+-- The last staged row of a key wins; ON CONFLICT may touch each live row only once.
+INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                              available_at, first_available_at)
+SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, s.due, s.due
+FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due,
+             row_number() OVER (PARTITION BY topic, key ORDER BY sid DESC) AS nth
+      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[])) s
+WHERE s.key IS NULL OR s.nth = 1
+ORDER BY s.sid
+ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
+    kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
+    headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
+    last_error = NULL, progress = NULL, received_at = NULL,
+    available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at;
+
+-- name: stage_delete_job :exec
+DELETE FROM {schema}.stage WHERE job = %(job)s;
+
+-- name: stage_stale_jobs :many
+SELECT job FROM {schema}.load_job
+WHERE state = 'open' AND created_at < clock_timestamp() - make_interval(secs => %(older_than_s)s);
+
+-- name: history_bounds_dead :one
+SELECT min(id) AS lo, max(id) AS hi FROM {schema}.dead
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s);
+
+-- name: history_bounds_done :one
+SELECT min(id) AS lo, max(id) AS hi FROM {schema}.done
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s);
+
+-- name: history_rows_dead :many
+SELECT * FROM {schema}.dead
+WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(before)s::timestamptz IS NULL OR dead_at < %(before)s)
+ORDER BY id;
+
+-- name: history_rows_done :many
+SELECT * FROM {schema}.done
+WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(before)s::timestamptz IS NULL OR done_at < %(before)s)
+ORDER BY id;
+
+-- name: history_delete_dead :exec
+DELETE FROM {schema}.dead WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: history_delete_done :exec
+DELETE FROM {schema}.done WHERE id = ANY(%(ids)s::bigint[]);

@@ -1,0 +1,31 @@
+"""One Queue per (process, URL), opened lazily where it is used. Spark forks and reuses Python
+workers and pickles data-source objects, so nothing here may travel inside a pickled object or
+survive a fork: the cache is keyed by pid."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import tableq
+
+_LOCK = threading.Lock()
+_QUEUES: dict[tuple[int, str, bool], tableq.Queue] = {}
+
+
+def queue_for(url: str, *, retention: bool = False) -> tableq.Queue:
+    key = (os.getpid(), url, retention)
+    with _LOCK:
+        q = _QUEUES.get(key)
+        if q is None:
+            q = tableq.connect(url, retention=retention)
+            _QUEUES[key] = q
+        return q
+
+
+def ensure_kinds(q: tableq.Queue, kinds: set[str]) -> None:
+    """The sink passes payloads through unchanged, so any kind is accepted as-is (a worker
+    has no user codecs); Queue refuses kinds it has not seen registered."""
+    known = set(q.kinds.names())
+    for kind in kinds - known:
+        q.register_kind(kind)

@@ -1,0 +1,303 @@
+"""The `tableq` sink: batch and streaming writes that stage rows invisibly and publish them in
+one transaction on the driver. No SQL here: staging, publishing and discarding are Queue
+methods; this module maps Spark columns to queue items and Spark's commit protocol to them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    NullType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from tableq.errors import InvalidArgument
+from tableq.spark._queues import ensure_kinds, queue_for
+from tableq.spark.options import WRITE_COLUMNS, OptionError, WriteOptions
+
+log = logging.getLogger("tableq.spark")
+
+INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+NUMERIC = INTEGRAL + (FloatType, DoubleType, DecimalType)
+# The payload column: JSON from strings, numbers, booleans, structs, maps and arrays, or bytes.
+PAYLOAD_TYPES = NUMERIC + (StringType, BinaryType, BooleanType, StructType, MapType, ArrayType,
+                           NullType)
+
+
+class ColumnError(InvalidArgument):
+    """The DataFrame given to the sink has a column the queue cannot take."""
+
+    def __init__(self, column: str, problem: str) -> None:
+        self.column = column
+        super().__init__(f"tableq sink column {column!r}: {problem}")
+
+
+def check_write_schema(schema: StructType) -> tuple[tuple[str, DataType], ...]:
+    """The (name, type) plan of the sink's input; raises ColumnError at planning time."""
+    names = [f.name for f in schema.fields]
+    lowered = [n.lower() for n in names]
+    for f in schema.fields:
+        if f.name not in WRITE_COLUMNS:
+            hint = (f" (columns are case-sensitive: use {f.name.lower()!r})"
+                    if f.name.lower() in WRITE_COLUMNS else "")
+            raise ColumnError(f.name, f"unknown column{hint}; the sink takes "
+                              f"{', '.join(WRITE_COLUMNS)}: select or rename columns first, "
+                              "e.g. df.select(to_json(struct(...)).alias('payload'))")
+    if len(set(lowered)) != len(lowered):
+        raise ColumnError(names[0], "duplicate column names")
+    if "payload" not in names:
+        raise ColumnError("payload", f"is required; the DataFrame has only {names}; "
+                          "e.g. df.select(struct(*df.columns).alias('payload'))")
+    if "delay_s" in names and "available_at" in names:
+        raise ColumnError("available_at", "give either delay_s or available_at, not both")
+    expected: dict[str, tuple[tuple[type, ...], str]] = {
+        "payload": (PAYLOAD_TYPES, "string, binary, number, boolean, struct, map or array"),
+        "topic": ((StringType,), "string"),
+        "key": ((StringType,), "string"),
+        "kind": ((StringType,), "string"),
+        "headers": ((MapType, StructType), "map<string,string> or a struct of strings"),
+        "priority": (INTEGRAL, "an integer type"),
+        "delay_s": (NUMERIC, "a number of seconds"),
+        "available_at": ((TimestampType,), "timestamp (with time zone, not timestamp_ntz)"),
+    }
+    for f in schema.fields:
+        types, wanted = expected[f.name]
+        if not isinstance(f.dataType, types):
+            raise ColumnError(f.name, f"has type {f.dataType.simpleString()}, must be {wanted}")
+    headers = next((f for f in schema.fields if f.name == "headers"), None)
+    if headers is not None:
+        dt = headers.dataType
+        values = ([dt.keyType, dt.valueType] if isinstance(dt, MapType)
+                  else [x.dataType for x in dt.fields])  # type: ignore[union-attr]
+        if not all(isinstance(v, StringType) for v in values):
+            raise ColumnError("headers", f"has type {dt.simpleString()}; keys and values must "
+                              "be strings")
+    return tuple((f.name, f.dataType) for f in schema.fields)
+
+
+def _jsonable(dt: DataType) -> Callable[[Any], Any]:
+    """Converts what Arrow's to_pylist gives for a Spark type into a JSON-able value."""
+    if isinstance(dt, StructType):
+        subs = [(f.name, _jsonable(f.dataType)) for f in dt.fields]
+        return lambda v: None if v is None else {n: c(v.get(n)) for n, c in subs}
+    if isinstance(dt, MapType):
+        kc, vc = _jsonable(dt.keyType), _jsonable(dt.valueType)
+        return lambda v: None if v is None else {str(kc(k)): vc(x) for k, x in v}
+    if isinstance(dt, ArrayType):
+        ec = _jsonable(dt.elementType)
+        return lambda v: None if v is None else [ec(x) for x in v]
+    if isinstance(dt, DecimalType):
+        return lambda v: None if v is None else (int(v) if dt.scale == 0 else float(v))
+    if isinstance(dt, (TimestampType, TimestampNTZType, DateType)):
+        return lambda v: None if v is None else v.isoformat()
+    if isinstance(dt, BinaryType):
+        return lambda v: None if v is None else bytes(v).hex()
+    return lambda v: v
+
+
+def _payload_converter(dt: DataType, payload_format: str) -> Callable[[Any], Any]:
+    if isinstance(dt, BinaryType):
+        return lambda v: bytes(v) if v is not None else None
+    if isinstance(dt, StringType) and payload_format == "json":
+        def parse(v: Any) -> Any:
+            if v is None:
+                return None
+            try:
+                return json.loads(v)
+            except ValueError as exc:
+                raise InvalidArgument(f"payload is not JSON text ({exc}) while "
+                                      f"payloadFormat=json: {v[:80]!r}") from None
+        return parse
+    return _jsonable(dt)
+
+
+def _headers(v: Any) -> dict[str, str] | None:
+    if v is None:
+        return None
+    pairs = v.items() if isinstance(v, dict) else v
+    return {k: x for k, x in pairs if x is not None} or None
+
+
+def _at(v: Any) -> datetime | None:
+    if v is None:
+        return None
+    return v if v.tzinfo is not None else v.replace(tzinfo=UTC)
+
+
+def _delay(v: Any) -> float | None:
+    if v is None:
+        return None
+    return float(v) if not isinstance(v, Decimal) else float(v)
+
+
+class RowMapper:
+    """Turns Arrow record batches of the checked schema into (topic, queue item) pairs."""
+
+    def __init__(self, plan: tuple[tuple[str, DataType], ...], opts: WriteOptions) -> None:
+        self.plan, self.opts = plan, opts
+
+    def items(self, batch: Any) -> dict[str, list[dict[str, Any]]]:
+        types = dict(self.plan)
+        cols = {name: batch.column(name).to_pylist() for name in types}
+        n = batch.num_rows
+        payload = _payload_converter(types["payload"], self.opts.payload_format)
+        out: dict[str, list[dict[str, Any]]] = {}
+        topics = cols.get("topic")
+        for i in range(n):
+            item: dict[str, Any] = {"payload": payload(cols["payload"][i])}
+            if "key" in cols:
+                item["key"] = cols["key"][i]
+            if "kind" in cols and cols["kind"][i] is not None:
+                item["kind"] = cols["kind"][i]
+            if "headers" in cols:
+                item["headers"] = _headers(cols["headers"][i])
+            if "priority" in cols and cols["priority"][i] is not None:
+                item["priority"] = int(cols["priority"][i])
+            if "delay_s" in cols and cols["delay_s"][i] is not None:
+                item["delay"] = _delay(cols["delay_s"][i])
+            if "available_at" in cols and cols["available_at"][i] is not None:
+                item["at"] = _at(cols["available_at"][i])
+            topic = (topics[i] if topics is not None else None) or self.opts.topic
+            if topic is None:
+                raise InvalidArgument(f"row {i} has a null topic and no 'topic' option is set")
+            out.setdefault(topic, []).append(item)
+        return out
+
+
+@dataclass(frozen=True)
+class StagedPart(WriterCommitMessage):
+    """What a write task reports to the driver: the task attempt's rows are staged under
+    (job, part). Only these messages reach commit(); nothing a task sets on self does."""
+
+    job: str
+    part: int
+    partition: int
+    rows: int
+
+
+def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: str,
+               batches: Iterator[Any]) -> StagedPart:
+    ctx = TaskContext.get()
+    part = ctx.taskAttemptId() if ctx is not None else 0
+    partition = ctx.partitionId() if ctx is not None else 0
+    q = queue_for(opts.url)
+    mapper = RowMapper(plan, opts)
+    rows = 0
+    for batch in batches:
+        for topic, items in mapper.items(batch).items():
+            kinds = {it["kind"] for it in items if "kind" in it}
+            if kinds:
+                ensure_kinds(q, kinds)
+            # One short transaction per Arrow batch: staged rows are invisible anyway, and
+            # SQLite's single writer lock is not held across a whole task.
+            rows += q.stage_many(job, part, topic, items, on_duplicate=opts.on_duplicate)
+    return StagedPart(job, part, partition, rows)
+
+
+def _parts(messages: list[Any]) -> list[int]:
+    return [m.part for m in messages if isinstance(m, StagedPart)]
+
+
+class TableqWriter(DataSourceArrowWriter):
+    """Batch write: made on the driver at planning (validated there), pickled into tasks and,
+    freshly unpickled, into commit/abort."""
+
+    def __init__(self, plan: tuple[tuple[str, DataType], ...], opts: WriteOptions) -> None:
+        self.plan, self.opts = plan, opts
+        self.job = opts.job_id or f"spark-{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator[Any]) -> StagedPart:
+        return stage_task(self.plan, self.opts, self.job, iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        if self.opts.fault == "commit":
+            raise RuntimeError("fault injected into commit() by option _fault=commit")
+        parts = _parts(messages)
+        n = queue_for(self.opts.url).publish_staged(self.job, parts,
+                                                   on_duplicate=self.opts.on_duplicate)
+        staged = sum(m.rows for m in messages if isinstance(m, StagedPart))
+        if n is None:
+            log.info("tableq.load_skipped job=%s reason=already_committed", self.job)
+        else:
+            log.info("tableq.load_committed job=%s parts=%d staged=%d published=%d",
+                     self.job, len(parts), staged, n)
+
+    def abort(self, messages: list[Any]) -> None:
+        n = queue_for(self.opts.url).discard_staged(self.job)
+        log.warning("tableq.load_aborted job=%s discarded=%d", self.job, n)
+
+
+def _batch_id() -> str:
+    ctx = TaskContext.get()
+    value = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    if value is None:
+        raise RuntimeError("no streaming batch id in this task; the tableq stream sink runs "
+                           "only inside a streaming query")
+    return value
+
+
+def _query_id() -> str | None:
+    ctx = TaskContext.get()
+    return ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
+
+
+class TableqStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming write: each micro-batch is staged under job '<sink>:<batchId>' and published
+    by commit(); publish_staged's job ledger makes a replayed batch a no-op."""
+
+    def __init__(self, plan: tuple[tuple[str, DataType], ...], opts: WriteOptions) -> None:
+        self.plan, self.opts = plan, opts
+
+    def write(self, iterator: Iterator[Any]) -> StagedPart:
+        sink = self.opts.sink_name or _query_id()
+        if not sink:
+            raise OptionError("sinkName", "is required: no streaming query id is visible to "
+                                          "this task; set .option('sinkName', 'orders-to-b')")
+        return stage_task(self.plan, self.opts, f"{sink}:{_batch_id()}", iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        staged = [m for m in messages if isinstance(m, StagedPart)]
+        if not staged:
+            return
+        job = staged[0].job
+        n = queue_for(self.opts.url).publish_staged(job, _parts(staged),
+                                                   on_duplicate=self.opts.on_duplicate)
+        if n is None:
+            log.info("tableq.batch_replayed job=%s batch=%s", job, batchId)
+        else:
+            log.info("tableq.batch_committed job=%s batch=%s published=%d", job, batchId, n)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        q = queue_for(self.opts.url)
+        for job in {m.job for m in messages if isinstance(m, StagedPart)}:
+            n = q.discard_staged(job)
+            log.warning("tableq.batch_aborted job=%s batch=%s discarded=%d", job, batchId, n)

@@ -1,0 +1,110 @@
+"""When to look for work next: the pure adaptive-polling rule, and the Waker that sleeps
+until the next poll or until PostgreSQL LISTEN/NOTIFY says a message became due. NOTIFY only
+cuts latency; correctness comes from polling, so a lost notification delays work by at most
+one poll interval. No SQL: the listener comes from the Queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from tableq.errors import InvalidArgument, TableqError
+from tableq.worker import events
+
+POLL_INTERVAL_MIN_S = 0.01
+POLL_INTERVAL_MAX_S = 2.0
+LISTEN_SLICE_S = 0.25  # how long one listener wait may block a stop request
+
+
+@dataclass(frozen=True, slots=True)
+class PollPolicy:
+    """Drain without sleeping while receives find work; when they come back empty, wait
+    `interval_min_s`, then twice as long each time, up to `interval_max_s`."""
+
+    interval_min_s: float = POLL_INTERVAL_MIN_S
+    interval_max_s: float = POLL_INTERVAL_MAX_S
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval_min_s <= self.interval_max_s:
+            raise InvalidArgument(
+                "poll intervals must satisfy 0 < poll_interval_min <= poll_interval_max, not "
+                f"{self.interval_min_s} and {self.interval_max_s}")
+        if self.factor < 1:
+            raise InvalidArgument(f"poll factor must be >= 1, not {self.factor}")
+
+    def next_delay(self, previous_s: float, found_work: bool) -> float:
+        if found_work:
+            return 0.0
+        if previous_s <= 0:
+            return self.interval_min_s
+        return min(self.interval_max_s, max(self.interval_min_s, previous_s * self.factor))
+
+
+class Waker:
+    """Sleeps between polls. With a listener (PostgreSQL), a notification for one of our
+    topics ends the sleep early; `wake()` ends it from another thread (stop, a freed slot)."""
+
+    def __init__(self, queue: Any, topics: Collection[str], *, use_listener: bool = True) -> None:
+        self._topics = set(topics)
+        self._event = threading.Event()
+        self._listener: Any = None
+        self.notified: set[str] = set()
+        if use_listener:
+            self._listener = _open_listener(queue)
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout_s: float) -> set[str]:
+        """Sleeps up to timeout_s; returns our topics that were notified (maybe empty)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        hits: set[str] = set()
+        while True:
+            left = deadline - time.monotonic()
+            if self._event.is_set() or left <= 0:
+                break
+            if self._listener is None:
+                self._event.wait(left)
+                continue
+            try:
+                got = self._listener.wait(min(left, LISTEN_SLICE_S))
+            except TableqError as exc:
+                # A dead LISTEN connection must not stop the worker: fall back to polling.
+                events.emit("listener_lost", 30, error=str(exc).splitlines()[0])
+                self._close_listener()
+                continue
+            hits = {t for t in got if t in self._topics}
+            if hits:
+                break
+        self._event.clear()
+        return hits
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except Exception:  # closing a broken connection may fail; it is gone either way
+                pass
+            self._listener = None
+
+    def close(self) -> None:
+        self._close_listener()
+
+
+def _open_listener(queue: Any) -> Any:
+    make = getattr(queue, "listener", None)
+    if make is None:
+        return None
+    try:
+        return make()
+    except TableqError as exc:
+        events.emit("listener_unavailable", 30, error=str(exc).splitlines()[0])
+        return None
