@@ -1,0 +1,336 @@
+"""The `tableq` data source: options and schemas, the batch reader (snapshots of live messages,
+dead letters and the archive of done messages) and the lease-based stream reader. No SQL here:
+every database step is a Queue method; this module maps Spark's read protocols onto them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from tableq.spark._queues import queue_for
+from tableq.spark.options import OptionError, ReadOptions, StreamOptions, WriteOptions
+from tableq.spark.sink import TableqStreamWriter, TableqWriter, check_write_schema
+
+log = logging.getLogger("tableq.spark")
+
+_COMMON = ("id long, topic string, key string, kind string, payload string, "
+           "payload_bytes binary, headers map<string,string>, priority int, attempts int, "
+           "created_at timestamp, ")
+LIVE_SCHEMA = (_COMMON + "available_at timestamp, first_available_at timestamp, "
+               "received_at timestamp, lease string")
+DEAD_SCHEMA = (_COMMON + "first_available_at timestamp, received_at timestamp, error string, "
+               "dead_at timestamp")
+DONE_SCHEMA = (_COMMON + "first_available_at timestamp, received_at timestamp, "
+               "done_at timestamp, lease string")
+SCHEMAS = {"live": LIVE_SCHEMA, "dead": DEAD_SCHEMA, "done": DONE_SCHEMA}
+# Re-reading a batch's lease on replay must not be outrun by its expiry.
+ACK_WINDOW_ON_START = 3
+CLAIM_CHUNK = 10_000  # receive_batch's largest `max`
+
+
+def _columns(schema: str) -> list[str]:
+    return [part.strip().split(" ", 1)[0] for part in schema.split(",")]
+
+
+def to_tuple(row: dict[str, Any], columns: Sequence[str]) -> tuple[Any, ...]:
+    """A queue row (from history() or a Message) as a tuple in schema order: JSON payloads as
+    JSON text in `payload`, byte payloads in `payload_bytes`."""
+    out = []
+    payload = row.get("payload")
+    for name in columns:
+        if name == "payload":
+            out.append(None if isinstance(payload, (bytes, bytearray)) else
+                       json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+        elif name == "payload_bytes":
+            out.append(bytes(payload) if isinstance(payload, (bytes, bytearray)) else None)
+        elif name == "headers":
+            out.append(row.get("headers") or {})
+        else:
+            out.append(row.get(name))
+    return tuple(out)
+
+
+def _message_row(m: Any) -> dict[str, Any]:
+    return {
+        "id": m.id, "topic": m.topic, "key": m.key, "kind": m.kind, "payload": m.payload,
+        "headers": m.headers, "priority": m.priority, "attempts": m.attempts,
+        "created_at": m.created_at, "available_at": m.available_at,
+        "first_available_at": m.first_available_at, "received_at": m.received_at,
+        "lease": m.lease,
+    }
+
+
+class TableqDataSource(DataSource):
+    """format("tableq"): url and topic options, see docs/spark.md for the rest."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tableq"
+
+    def schema(self) -> str:
+        return SCHEMAS[ReadOptions.parse(self.options).source]
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TableqBatchReader(ReadOptions.parse(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> TableqWriter:
+        _no_overwrite(overwrite)
+        plan = check_write_schema(schema)
+        opts = WriteOptions.parse(self.options, schema.fieldNames())
+        # The janitor: loads whose driver died (neither commit nor abort ran) are dropped by
+        # the next load, once they are older than staleJobSeconds.
+        stale = queue_for(opts.url).cleanup_staged(older_than=opts.stale_job_seconds)
+        if stale:
+            log.warning("tableq.stale_loads_dropped rows=%d", stale)
+        return TableqWriter(plan, opts)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TableqStreamWriter:
+        _no_overwrite(overwrite)
+        plan = check_write_schema(schema)
+        return TableqStreamWriter(plan, WriteOptions.parse(self.options, schema.fieldNames()))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts = StreamOptions.parse(self.options)
+        queue_for(opts.url).stats(opts.topic)  # fail at planning if the database is unusable
+        return TableqStreamReader(opts, schema)
+
+
+def _no_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise OptionError("mode", "overwrite is not supported: a queue is only appended to; "
+                                  "use .mode('append')")
+
+
+# --- batch read ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdRange(InputPartition):
+    url: str
+    source: str
+    topic: str | None
+    lo: int
+    hi: int
+    before: Any
+    rows_per_read: int
+
+
+class TableqBatchReader(DataSourceReader):
+    """A snapshot partitioned by id range. Bounds are taken once, at planning."""
+
+    def __init__(self, opts: ReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.columns = schema.fieldNames()
+        self.topic, self.lo, self.hi = opts.topic, opts.lo, opts.hi
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        # Pushed: id bounds and topic equality; everything else Spark evaluates.
+        for f in filters:
+            col = f.attribute[0] if len(f.attribute) == 1 else None
+            v = getattr(f, "value", None)
+            if col == "id" and isinstance(v, int) and not isinstance(v, bool):
+                lo, hi = {GreaterThan: (v + 1, None), GreaterThanOrEqual: (v, None),
+                          LessThan: (None, v - 1), LessThanOrEqual: (None, v),
+                          EqualTo: (v, v)}.get(type(f), (None, None))
+                if lo is None and hi is None:
+                    yield f
+                    continue
+                if lo is not None:
+                    self.lo = lo if self.lo is None else max(self.lo, lo)
+                if hi is not None:
+                    self.hi = hi if self.hi is None else min(self.hi, hi)
+            elif col == "topic" and isinstance(f, EqualTo) and isinstance(v, str):
+                if self.topic is not None and self.topic != v:
+                    self.lo, self.hi = 1, 0  # contradicts the topic option: nothing matches
+                self.topic = v
+            else:
+                yield f
+
+    def partitions(self) -> Sequence[InputPartition]:
+        q = queue_for(self.opts.url)
+        if self.opts.source == "live":
+            return [IdRange(self.opts.url, "live", self.topic, self.lo or 1, self.hi or 0,
+                            None, self.opts.rows_per_read)]
+        bounds = q.history_bounds(self.opts.source, self.topic)
+        if bounds is None:
+            return []
+        lo = max(bounds[0], self.lo or bounds[0])
+        hi = min(bounds[1], self.hi if self.hi is not None else bounds[1])
+        if lo > hi:
+            return []
+        n = self.opts.num_partitions or max(1, min(64, (hi - lo + 1) // 200_000 + 1))
+        step = -(-(hi - lo + 1) // n)
+        return [IdRange(self.opts.url, self.opts.source, self.topic, a, min(hi, a + step - 1),
+                        self.opts.before, self.opts.rows_per_read)
+                for a in range(lo, hi + 1, step)]
+
+    def read(self, partition: IdRange) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
+        q = queue_for(partition.url)
+        if partition.source == "live":
+            yield from _read_live(q, partition, self.columns)
+            return
+        a = partition.lo
+        while a <= partition.hi:
+            b = min(partition.hi, a + partition.rows_per_read - 1)
+            for row in q.history(partition.source, partition.topic, a, b,
+                                 before=partition.before):
+                yield to_tuple(row, self.columns)
+            a = b + 1
+
+
+def _read_live(q: Any, p: IdRange, columns: list[str]) -> Iterator[tuple[Any, ...]]:
+    """Live messages without leasing them. The core has no "live rows by id range" call yet,
+    so this is peek(): at most 10,000 messages, in delivery order, one partition."""
+    assert p.topic is not None
+    msgs = q.peek(p.topic, limit=10_000)
+    if len(msgs) >= 10_000:
+        raise OptionError("source", f"topic {p.topic!r} has more than 10,000 live messages; a "
+                                    "batch read of live messages is limited to 10,000 until "
+                                    "the core offers reads by id range")
+    for m in msgs:
+        if p.hi >= p.lo and not p.lo <= m.id <= p.hi:
+            continue
+        yield to_tuple({**_message_row(m), "lease": None}, columns)
+
+
+# --- streaming read -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeasePart(InputPartition):
+    url: str
+    topic: str
+    lease: str
+    k: int
+    n: int
+    lease_seconds: float
+
+
+def _seq(offset: dict[str, Any]) -> int:
+    return int(offset["seq"])
+
+
+class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are {"epoch", "seq"}: micro-batch `seq` is the set of messages leased under the
+    token "<epoch>:<seq>". The epoch is chosen once and then carried by the checkpoint.
+
+    latestOffset(start) runs on the driver only after batch `start` is durably committed by
+    Spark, so it first acknowledges every lease <= start (Spark's own commit(end) for a batch
+    comes only with the next batch, and never for the last one), then leases the next batch.
+    A replayed batch is re-read by its lease token: the same messages as the first time."""
+
+    def __init__(self, opts: StreamOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.columns = schema.fieldNames()
+        self.epoch = uuid.uuid4().hex[:16]
+        self._acked: tuple[str, int] | None = None
+        self._first_claim = True
+        self._budget: int | None = None
+
+    def _q(self) -> Any:
+        return queue_for(self.opts.url, retention=self.opts.retention)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "seq": 0}  # the same on every call (Spark calls it twice)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_rows)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # The stream ends after this many messages (those due now) or when none is left.
+        s = self._q().stats(self.opts.topic)[0]
+        self._budget = s.ready
+        log.info("tableq.available_now topic=%s budget=%d", self.opts.topic, s.ready)
+
+    def _ack_through(self, epoch: str, seq: int) -> None:
+        q = self._q()
+        if self._acked is not None and self._acked[0] == epoch:
+            first = self._acked[1] + 1
+        else:  # a fresh driver: the batches just before `start` may still be leased
+            first = max(1, seq - ACK_WINDOW_ON_START)
+        acked = 0
+        for s in range(first, seq + 1):
+            acked += q.ack_lease(self.opts.topic, f"{epoch}:{s}")
+        if acked:
+            log.debug("tableq.stream_acked topic=%s through=%s:%d messages=%d",
+                      self.opts.topic, epoch, seq, acked)
+        self._acked = (epoch, max(seq, self._acked[1] if self._acked and
+                                  self._acked[0] == epoch else 0))
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        epoch, seq = start["epoch"], _seq(start)
+        self._ack_through(epoch, seq)
+        want = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_rows
+        if isinstance(limit, ReadAllAvailable) and self._budget is None:
+            want = self.opts.max_rows
+        if self._budget is not None:
+            want = min(want, self._budget)
+        token = f"{epoch}:{seq + 1}"
+        q = self._q()
+        held = 0
+        if self._first_claim:
+            # A previous driver may have leased this batch and died before Spark logged its
+            # offset: those messages are already ours under the same token, so keep them.
+            self._first_claim = False
+            held = len(q.leased_messages(self.opts.topic, token))
+            if held:
+                q.extend_lease(self.opts.topic, token, self.opts.lease_seconds)
+                log.info("tableq.stream_orphans_reclaimed lease=%s messages=%d", token, held)
+        got = held
+        while got < want:
+            n = len(q.receive_batch(self.opts.topic, token, max=min(CLAIM_CHUNK, want - got),
+                                    visibility_timeout=self.opts.lease_seconds,
+                                    max_attempts=self.opts.max_attempts))
+            got += n
+            if n == 0:
+                break
+        if self._budget is not None:
+            self._budget -= got
+        if got == 0:
+            return start
+        return {"epoch": epoch, "seq": seq + 1}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        hi = _seq(end)
+        lo = _seq(start) if start.get("epoch") == end.get("epoch") else hi - 1
+        return [LeasePart(self.opts.url, self.opts.topic, f"{end['epoch']}:{s}", k,
+                          self.opts.num_partitions, self.opts.lease_seconds)
+                for s in range(lo + 1, hi + 1) for k in range(self.opts.num_partitions)]
+
+    def read(self, partition: LeasePart) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
+        q = queue_for(partition.url)
+        if partition.k == 0:  # a replay may come late: keep the batch's messages ours
+            q.extend_lease(partition.topic, partition.lease, partition.lease_seconds)
+        for m in q.leased_messages(partition.topic, partition.lease):
+            if m.id % partition.n == partition.k:
+                yield to_tuple(_message_row(m), self.columns)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._ack_through(end["epoch"], _seq(end))
+
+    def stop(self) -> None:
+        log.debug("tableq.stream_stopped topic=%s", self.opts.topic)
