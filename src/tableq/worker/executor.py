@@ -23,7 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Status = Literal["ok", "error", "timeout"]
+Status = Literal["ok", "error", "timeout", "lease_lost"]
 
 
 @dataclass(frozen=True, slots=True)

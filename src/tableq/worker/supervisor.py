@@ -1,0 +1,183 @@
+"""Process-level control: runs a Worker in the foreground with signal handling (the first
+SIGTERM/SIGINT stops gracefully, a second exits at once), and supervises N worker processes
+(`--processes N`), forwarding signals and replacing children that die. No SQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from tableq.worker import events
+from tableq.worker.runner import Worker
+
+EXIT_AT_ONCE = 130  # what a second signal exits with (128 + SIGINT, by shell convention)
+RESTART_DELAY_MAX_S = 10.0
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Signals:
+    """First signal calls `first`; a second one calls `second`. Restores handlers on exit."""
+
+    def __init__(self, first: Callable[[int], None], second: Callable[[int], None]) -> None:
+        self._first, self._second = first, second
+        self._count = 0
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self._count += 1
+        if self._count == 1:
+            self._first(signum)
+        else:
+            self._second(signum)
+
+
+def run_foreground(worker: Worker, *, install_signals: bool = True) -> None:
+    """Runs the worker until it stops; with install_signals, SIGTERM/SIGINT stop it
+    gracefully and a second signal ends the process at once (leases then run out and the
+    messages come back to other workers)."""
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # re-raised in the calling thread below
+            error.append(exc)
+
+    def first(signum: int) -> None:
+        events.emit("signal", signal=signal.Signals(signum).name, action="graceful stop")
+        worker.stop()
+
+    def second(signum: int) -> None:
+        events.emit("signal", signal=signal.Signals(signum).name, action="exit now")
+        os._exit(EXIT_AT_ONCE)
+
+    thread = threading.Thread(target=target, name="tableq-worker")
+    if install_signals:
+        with _Signals(first, second):
+            thread.start()
+            # Join in slices: the main thread must stay free to run signal handlers.
+            while thread.is_alive():
+                thread.join(0.2)
+    else:
+        thread.start()
+        thread.join()
+    if error:
+        raise error[0]
+
+
+class Child(Protocol):
+    pid: int | None
+
+    def exitcode(self) -> int | None: ...
+    def signal(self, signum: int) -> None: ...
+
+
+class PopenChild:
+    def __init__(self, popen: Any) -> None:
+        self._p = popen
+        self.pid = popen.pid
+
+    def exitcode(self) -> int | None:
+        return self._p.poll()  # type: ignore[no-any-return]
+
+    def signal(self, signum: int) -> None:
+        if self._p.poll() is None:
+            self._p.send_signal(signum)
+
+
+class ProcessChild:
+    def __init__(self, process: Any) -> None:
+        self._p = process
+        self.pid = process.pid
+
+    def exitcode(self) -> int | None:
+        return self._p.exitcode  # type: ignore[no-any-return]
+
+    def signal(self, signum: int) -> None:
+        if self._p.exitcode is None and self._p.pid is not None:
+            try:
+                os.kill(self._p.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
+              install_signals: bool = True) -> int:
+    """Runs `count` children made by start(slot). A child that exits while we are not
+    stopping is replaced (after a delay that grows if it keeps dying fast), except in burst
+    mode, where a child that exits 0 is done. Returns 0 if every child ended cleanly."""
+    children: list[Child | None] = [start(i) for i in range(count)]
+    started = [time.monotonic()] * count
+    fails = [0] * count
+    restart_at: list[float | None] = [None] * count
+    stopping = threading.Event()
+    worst = 0
+
+    def first(signum: int) -> None:
+        events.emit("signal", signal=signal.Signals(signum).name, action="graceful stop",
+                    children=count)
+        stopping.set()
+        for c in children:
+            if c is not None:
+                c.signal(signal.SIGTERM)
+
+    def second(signum: int) -> None:
+        events.emit("signal", signal=signal.Signals(signum).name, action="exit now")
+        for c in children:
+            if c is not None:
+                c.signal(signal.SIGKILL)
+        os._exit(EXIT_AT_ONCE)
+
+    ctx = _Signals(first, second) if install_signals else _NoSignals()
+    with ctx:
+        while True:
+            now = time.monotonic()
+            for i, c in enumerate(children):
+                if c is None:
+                    if restart_at[i] is not None and now >= restart_at[i] and not stopping.is_set():
+                        children[i], started[i], restart_at[i] = start(i), now, None
+                    continue
+                code = c.exitcode()
+                if code is None:
+                    continue
+                children[i] = None
+                if stopping.is_set() or (burst and code == 0):
+                    worst = max(worst, abs(code))
+                    continue
+                fails[i] = fails[i] + 1 if now - started[i] < 5.0 else 0
+                delay = min(RESTART_DELAY_MAX_S, 0.5 * 2 ** fails[i]) if fails[i] else 0.0
+                events.emit("child_exited", 30, pid=c.pid, code=code, restart_in_s=delay)
+                restart_at[i] = now + delay
+            if all(c is None for c in children) and (
+                    stopping.is_set() or all(r is None for r in restart_at)):
+                return worst
+            time.sleep(0.1)
+
+
+class _NoSignals:
+    def __enter__(self) -> _NoSignals:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def child_command(argv: Sequence[str]) -> list[str]:
+    """The command line of one child of `tableq worker --processes N`."""
+    import sys
+
+    return [sys.executable, "-m", "tableq.cli", *argv]
