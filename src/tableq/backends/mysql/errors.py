@@ -1,0 +1,56 @@
+"""Maps PyMySQL exceptions to tableq's errors. The only place that catches them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pymysql
+
+from tableq.backends.base import TransientError
+from tableq.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    SchemaNotMigrated,
+    StorageFull,
+)
+
+DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
+DUPLICATE_ENTRY = 1062
+NO_SUCH_TABLE = 1146
+CONNECTION_LOST = {2003, 2006, 2013, 2055, 1927, 4031}
+TABLE_FULL, DISK_FULL = 1114, 1021
+PACKET_TOO_LARGE = 1153
+
+
+class UniqueViolation(Exception):
+    """Internal: a dedup-index conflict, turned into DuplicateMessage by the backend."""
+
+
+@contextmanager
+def map_errors(where: str) -> Iterator[None]:
+    try:
+        yield
+    except pymysql.MySQLError as exc:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+        # A deadlock rolls back the whole transaction, a lock-wait timeout only the statement;
+        # the backend retries the whole transaction after a rollback in both cases.
+        if code in (DEADLOCK, LOCK_WAIT_TIMEOUT):
+            raise TransientError(text) from exc
+        if code == DUPLICATE_ENTRY:
+            raise UniqueViolation(text) from exc
+        if code == NO_SUCH_TABLE:
+            raise SchemaNotMigrated(where) from exc
+        if code in (TABLE_FULL, DISK_FULL):
+            raise StorageFull(where, text) from exc
+        if code == PACKET_TOO_LARGE:
+            raise DatabaseError(
+                f"the server at {where} refused a statement larger than its max_allowed_packet; "
+                "send smaller batches or raise max_allowed_packet"
+            ) from exc
+        if code in CONNECTION_LOST or isinstance(exc, pymysql.err.OperationalError) and (
+            code is None or code >= 2000
+        ):
+            raise DatabaseUnavailable(where, text) from exc
+        raise DatabaseError(f"MySQL error {code} at {where}: {text}") from exc

@@ -1,0 +1,285 @@
+-- tableq named queries for MySQL >= 8.0 and MariaDB >= 10.6 (PyMySQL %(name)s parameters;
+-- {p} is the table prefix). Sessions run at READ COMMITTED in UTC: no gap locks on the ranges
+-- a claim scans (the classic queue deadlock), and NOW(6) is UTC with microseconds.
+-- "/*rows*/" marks a VALUES list that the backend repeats once per row of a batch.
+
+-- name: server_version :one
+SELECT VERSION() AS version, @@innodb_autoinc_lock_mode AS autoinc_lock_mode;
+
+-- name: session_time_zone :exec
+SET time_zone = '+00:00';
+
+-- name: session_isolation :exec
+SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+-- name: migration_lock :one
+-- Migrators in other processes wait here (DDL cannot be rolled back in MySQL).
+SELECT GET_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %(prefix)s), 60) AS got;
+
+-- name: migration_unlock :exec
+DO RELEASE_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %(prefix)s));
+
+-- name: migration_create :exec
+CREATE TABLE IF NOT EXISTS {p}migration (
+    version INT NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL, applied_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB;
+
+-- name: migration_versions :many
+SELECT version FROM {p}migration ORDER BY version;
+
+-- name: migration_record :exec
+INSERT INTO {p}migration (version, name, applied_at) VALUES (%(version)s, %(name)s, NOW(6));
+
+-- name: clock_now :one
+SELECT NOW(6) AS now;
+
+-- name: message_insert :exec
+-- Without keys nothing conflicts, and with innodb_autoinc_lock_mode <= 1 one multi-row INSERT
+-- gets consecutive ids starting at LAST_INSERT_ID().
+INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, NOW(6),
+        COALESCE(%s, NOW(6) + INTERVAL %s MICROSECOND), COALESCE(%s, NOW(6) + INTERVAL %s MICROSECOND));
+
+-- name: message_insert_keyed :exec
+-- LAST_INSERT_ID(id) hands back the existing row's id on a duplicate (rowcount 0).
+INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
+        NOW(6), COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
+        COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND))
+ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id);
+
+-- name: message_insert_replace :exec
+-- Replacing resets the delivery: a worker holding the old lease gets LeaseLost on ack.
+INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
+        NOW(6), COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
+        COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND))
+ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), kind = VALUES(kind),
+    payload = VALUES(payload), payload_bytes = VALUES(payload_bytes), headers = VALUES(headers),
+    priority = VALUES(priority), attempts = 0, lease = NULL, last_error = NULL, progress = NULL,
+    received_at = NULL, available_at = VALUES(available_at),
+    first_available_at = VALUES(first_available_at);
+
+-- name: message_insert_strict :exec
+INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
+        NOW(6), COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
+        COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND));
+
+-- name: message_find_key :one
+SELECT id FROM {p}message WHERE topic = %(topic)s AND `key` = %(key)s;
+
+-- name: message_due :many
+-- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
+SELECT *, NOW(6) AS db_now FROM {p}message
+WHERE topic = %(topic)s AND available_at <= NOW(6) /*filter*/
+ORDER BY priority DESC, available_at, id
+LIMIT %(max)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: message_lease :exec
+UPDATE {p}message
+SET lease = %(lease)s, attempts = attempts + 1, received_at = %(now)s, available_at = %(until)s
+WHERE id IN %(ids)s;
+
+-- name: message_bury_ids :exec
+INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, error, dead_at)
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at,
+       COALESCE(last_error, CONCAT('received ', attempts, ' times without an ack')), NOW(6)
+FROM {p}message WHERE id IN %(ids)s;
+
+-- name: message_delete_ids :exec
+DELETE FROM {p}message WHERE id IN %(ids)s;
+
+-- name: message_held :many
+-- Which of these deliveries still hold their lease; locks them until the transaction ends.
+SELECT id FROM {p}message WHERE (id, lease) IN %(refs)s FOR UPDATE;
+
+-- name: message_archive_ids :exec
+INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, NOW(6), lease
+FROM {p}message WHERE id IN %(ids)s;
+
+-- name: message_ack_one :exec
+DELETE FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
+
+-- name: message_release :exec
+UPDATE {p}message
+SET lease = NULL, attempts = attempts - %(refund)s,
+    available_at = NOW(6) + INTERVAL %(delay_us)s MICROSECOND,
+    last_error = COALESCE(%(error)s, last_error)
+WHERE id = %(id)s AND lease = %(lease)s;
+
+-- name: message_extend :exec
+UPDATE {p}message
+SET available_at = NOW(6) + INTERVAL %(extend_us)s MICROSECOND,
+    progress = COALESCE(%(progress)s, progress)
+WHERE id = %(id)s AND lease = %(lease)s;
+
+-- name: message_lease_until :one
+SELECT available_at FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
+
+-- name: message_bury :exec
+INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, error, dead_at)
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, %(error)s, NOW(6)
+FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
+
+-- name: message_peek :many
+SELECT * FROM {p}message WHERE topic = %(topic)s
+ORDER BY priority DESC, available_at, id LIMIT %(limit)s;
+
+-- name: message_get :one
+SELECT * FROM {p}message WHERE id = %(id)s;
+
+-- name: message_topics :many
+SELECT topic FROM {p}message UNION SELECT topic FROM {p}dead ORDER BY 1;
+
+-- name: message_stats :many
+SELECT topic,
+       SUM(available_at <= t.now) AS ready,
+       SUM(available_at > t.now AND lease IS NULL) AS scheduled,
+       SUM(available_at > t.now AND lease IS NOT NULL) AS in_flight,
+       TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN available_at <= t.now THEN available_at END),
+                     t.now) / 1e6 AS oldest_ready_age
+FROM {p}message, (SELECT NOW(6) AS now) t
+WHERE (%(topic)s IS NULL OR topic = %(topic)s)
+GROUP BY topic, t.now;
+
+-- name: dead_stats :many
+SELECT topic, COUNT(*) AS dead FROM {p}dead WHERE (%(topic)s IS NULL OR topic = %(topic)s)
+GROUP BY topic;
+
+-- name: done_stats :many
+SELECT topic, COUNT(*) AS done FROM {p}done WHERE (%(topic)s IS NULL OR topic = %(topic)s)
+GROUP BY topic;
+
+-- name: message_purge :exec
+DELETE FROM {p}message WHERE topic = %(topic)s;
+
+-- name: dead_list :many
+SELECT * FROM {p}dead WHERE topic = %(topic)s ORDER BY id LIMIT %(limit)s;
+
+-- name: dead_requeue_ids :many
+SELECT d.id FROM {p}dead d
+WHERE d.topic = %(topic)s AND (%(all)s OR d.id IN %(ids)s)
+  AND (d.`key` IS NULL OR NOT EXISTS (
+      SELECT 1 FROM {p}message m WHERE m.topic = d.topic AND m.`key` = d.`key`))
+ORDER BY d.id
+FOR UPDATE;
+
+-- name: dead_requeue :exec
+-- Back as a fresh message with the same id.
+INSERT INTO {p}message (id, topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        attempts, created_at, available_at, first_available_at, last_error)
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, 0, created_at,
+       NOW(6), NOW(6), error
+FROM {p}dead WHERE id IN %(ids)s ORDER BY id;
+
+-- name: dead_delete_ids :exec
+DELETE FROM {p}dead WHERE id IN %(ids)s;
+
+-- name: dead_purge :exec
+DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
+
+-- name: lease_rows :many
+SELECT * FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s ORDER BY priority DESC, id;
+
+-- name: lease_archive :exec
+INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, NOW(6), lease
+FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s;
+
+-- name: lease_ack :exec
+DELETE FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s;
+
+-- name: lease_extend :exec
+UPDATE {p}message SET available_at = NOW(6) + INTERVAL %(extend_us)s MICROSECOND
+WHERE topic = %(topic)s AND lease = %(lease)s;
+
+-- name: stage_insert :exec
+INSERT INTO {p}stage (job, part, topic, `key`, kind, payload, payload_bytes, headers, priority,
+                      delay_s, at)
+VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+
+-- name: load_job_open :exec
+INSERT INTO {p}load_job (job, state, created_at) VALUES (%(job)s, 'open', NOW(6))
+ON DUPLICATE KEY UPDATE job = job;
+
+-- name: load_job_lock :one
+SELECT state FROM {p}load_job WHERE job = %(job)s FOR UPDATE;
+
+-- name: load_job_state :one
+SELECT state FROM {p}load_job WHERE job = %(job)s;
+
+-- name: load_job_finish :exec
+UPDATE {p}load_job SET state = %(state)s, finished_at = NOW(6), `rows` = %(rows)s
+WHERE job = %(job)s;
+
+-- name: stage_publish :exec
+-- A staged row whose key is already live is dropped (id = id changes nothing).
+INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, NOW(6),
+       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
+FROM {p}stage WHERE job = %(job)s AND part IN %(parts)s ORDER BY sid
+ON DUPLICATE KEY UPDATE id = id;
+
+-- name: stage_publish_replace :exec
+INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, NOW(6),
+       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
+FROM {p}stage WHERE job = %(job)s AND part IN %(parts)s ORDER BY sid
+ON DUPLICATE KEY UPDATE kind = VALUES(kind), payload = VALUES(payload),
+    payload_bytes = VALUES(payload_bytes), headers = VALUES(headers),
+    priority = VALUES(priority), attempts = 0, lease = NULL, last_error = NULL,
+    progress = NULL, received_at = NULL, available_at = VALUES(available_at),
+    first_available_at = VALUES(first_available_at);
+
+-- name: stage_count :one
+SELECT COUNT(*) AS n FROM {p}stage WHERE job = %(job)s AND part IN %(parts)s;
+
+-- name: stage_delete_job :exec
+DELETE FROM {p}stage WHERE job = %(job)s;
+
+-- name: stage_stale_jobs :many
+SELECT job FROM {p}load_job
+WHERE state = 'open' AND created_at < NOW(6) - INTERVAL %(older_than_us)s MICROSECOND;
+
+-- name: history_bounds_dead :one
+SELECT MIN(id) AS lo, MAX(id) AS hi FROM {p}dead WHERE (%(topic)s IS NULL OR topic = %(topic)s);
+
+-- name: history_bounds_done :one
+SELECT MIN(id) AS lo, MAX(id) AS hi FROM {p}done WHERE (%(topic)s IS NULL OR topic = %(topic)s);
+
+-- name: history_rows_dead :many
+SELECT * FROM {p}dead
+WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(before)s IS NULL OR dead_at < %(before)s)
+ORDER BY id;
+
+-- name: history_rows_done :many
+SELECT * FROM {p}done
+WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(before)s IS NULL OR done_at < %(before)s)
+ORDER BY id;
+
+-- name: history_delete_dead :exec
+DELETE FROM {p}dead WHERE id IN %(ids)s;
+
+-- name: history_delete_done :exec
+DELETE FROM {p}done WHERE id IN %(ids)s;
