@@ -361,6 +361,8 @@ class Worker:
         handed = dataclasses.replace(msg, _queue=tracker)  # type: ignore[arg-type]
         if spec.mode == "exactly_once":
             outcome = self.executor.run(self._exactly_once_body(spec), handed, spec.timeout_s)
+            if outcome.ok and isinstance(outcome.value, Outcome):
+                outcome = outcome.value  # the body reports the handler's own outcome
         else:
             outcome = self.executor.run(spec.fn, handed, spec.timeout_s)
         if self._heartbeater is not None:
@@ -380,7 +382,8 @@ class Worker:
                         # Fenced by the lease: if it was lost, LeaseLost rolls back the
                         # handler's writes together with this ack.
                         ttx.ack(msg)
-                    return Outcome("ok", None, inner.duration_s, "committed")
+                    committed = Outcome("ok", None, inner.duration_s, "committed")
+                return committed
             except _Rollback as rb:
                 return rb.outcome
             except LeaseLost as exc:

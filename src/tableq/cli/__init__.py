@@ -1,0 +1,136 @@
+"""The `tableq` command: the root group, global options (--url / $TABLEQ_URL, --debug), and
+the one error boundary that turns failures into one line on stderr and a non-zero exit
+(tracebacks only with --debug). Each command group lives in its own module."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from tableq.errors import TableqError
+from tableq.url import DEFAULT_URL
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+_state = {"debug": False}
+
+
+class Context:
+    """What every command gets through click's context: the URL and a lazily opened Queue."""
+
+    def __init__(self, url: str, url_given: bool, debug: bool) -> None:
+        self.url, self.url_given, self.debug = url, url_given, debug
+        self._queue: Any = None
+
+    def queue(self, *, migrate: bool = False) -> Any:
+        if self._queue is None:
+            import tableq
+
+            self._queue = tableq.connect(self.url, migrate=migrate)
+        return self._queue
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+
+
+def setup_logging(debug: bool, level: str | None = None) -> None:
+    chosen = logging.DEBUG if debug else getattr(logging, (level or "INFO").upper())
+    logging.basicConfig(level=chosen, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger().setLevel(chosen)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--url", envvar="TABLEQ_URL", default=DEFAULT_URL, show_default=True,
+              metavar="URL", help="Queue database (or $TABLEQ_URL): sqlite:///file.db, "
+              "postgresql://user@host/db, mysql://user@host/db.")
+@click.option("--debug", is_flag=True, help="Verbose logs, and tracebacks on errors.")
+@click.version_option(package_name="tableq", prog_name="tableq")
+@click.pass_context
+def cli(ctx: click.Context, url: str, debug: bool) -> None:
+    """tableq: a durable message and job queue in an ordinary SQL table."""
+    _state["debug"] = debug
+    source = ctx.get_parameter_source("url")
+    given = source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+    obj = Context(url, given, debug)
+    ctx.obj = obj
+    ctx.call_on_close(obj.close)
+    if debug:
+        setup_logging(True)
+
+
+def _register() -> None:
+    from tableq.cli import dead, queue_cmds, stats, worker
+
+    for command in (*queue_cmds.COMMANDS, dead.dead, stats.stats, worker.worker):
+        cli.add_command(command)
+    _add_pipeline()
+
+
+def _add_pipeline() -> None:
+    """`tableq pipeline` comes from tableq.cli.pipeline when it is there (the Spark part);
+    a broken import must not take the rest of the command down."""
+    import importlib
+
+    try:
+        module = importlib.import_module("tableq.cli.pipeline")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("tableq.cli.pipeline",):
+            return
+        _pipeline_stub(exc)
+        return
+    except Exception as exc:  # any failure: show it when the command is used, not before
+        _pipeline_stub(exc)
+        return
+    group = getattr(module, "pipeline", None)
+    if isinstance(group, click.Command):
+        cli.add_command(group, "pipeline")
+
+
+def _pipeline_stub(exc: BaseException) -> None:
+    @cli.command("pipeline", context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def pipeline(args: Any) -> None:
+        """Spark pipelines (unavailable: see the error)."""
+        raise click.ClickException(f"tableq pipeline is unavailable: {exc}; install "
+                                   "'tableq[spark]'")
+
+
+_register()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The console entry point: runs the command and exits with its status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    _state["debug"] = "--debug" in args
+    try:
+        result = cli.main(args=args, prog_name="tableq", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except TableqError as exc:
+        if _state["debug"]:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        sys.exit(EXIT_ERROR)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+__all__ = ["cli", "main"]

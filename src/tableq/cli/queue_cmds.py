@@ -1,0 +1,169 @@
+"""Commands on messages: migrate, send (one, or JSON lines in bulk with a progress bar),
+receive, peek and purge. They only call the Queue API."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from tableq.cli import output
+from tableq.errors import InvalidArgument
+
+SEND_BATCH = 1000
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+@click.command()
+def migrate() -> None:
+    """Create or upgrade tableq's tables (safe to run again, and from several hosts)."""
+    q = _ctx().queue()
+    applied = q.migrate()
+    if applied:
+        output.stdout.print(f"applied migrations {', '.join(map(str, applied))} to {q.backend.where}")
+    else:
+        output.stdout.print(f"{q.backend.where} is up to date")
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"{where} is not JSON ({exc.msg} at column {exc.colno}); a string needs quotes, "
+            "e.g. '\"hello\"', an object looks like '{\"to\": \"a@b.c\"}'") from None
+
+
+def _lines(stream: Any) -> Iterator[tuple[int, Any]]:
+    for n, line in enumerate(stream, start=1):
+        if line.strip():
+            yield n, _parse_json(line, f"line {n} of stdin")
+
+
+@click.command()
+@click.argument("topic")
+@click.argument("payload", required=False)
+@click.option("--key", help="Dedup key: at most one live message per topic and key.")
+@click.option("--kind", help="Payload kind (validated by a registered codec).")
+@click.option("--delay", type=float, help="Seconds before the message becomes due.")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="Higher is delivered first.")
+@click.option("--on-duplicate", type=click.Choice(["ignore", "replace", "error"]),
+              default="ignore", show_default=True, help="What a duplicate key does.")
+def send(topic: str, payload: str | None, key: str | None, kind: str | None,
+         delay: float | None, priority: int, on_duplicate: str) -> None:
+    """Send PAYLOAD (JSON) to TOPIC. With `-`, or no PAYLOAD and piped input, read one JSON
+    value per line from stdin and send them in batches; a line that is an object with a
+    "payload" field may also set key, kind, headers, priority, delay."""
+    q = _ctx().queue()
+    opts = {"kind": kind, "delay": delay, "priority": priority, "on_duplicate": on_duplicate}
+    if payload is not None and payload != "-":
+        result = q.send(topic, _parse_json(payload, "PAYLOAD"), key=key, **opts)
+        output.stdout.print(f"{result.status} id={result.id} topic={topic}"
+                            + (f" key={result.key}" if result.key else ""))
+        return
+    if payload is None and sys.stdin.isatty():
+        raise click.UsageError("give a PAYLOAD (JSON), or pipe JSON lines and use `-`")
+    if key is not None:
+        raise click.UsageError("--key applies to one message; in bulk, put \"key\" in each "
+                               "line: {\"payload\": ..., \"key\": \"...\"}")
+    counts = {"sent": 0, "duplicate": 0, "replaced": 0}
+    batch: list[Any] = []
+
+    def flush() -> None:
+        if batch:
+            for r in q.send_many(topic, batch, **opts):
+                counts[r.status] += 1
+            progress.update(task, advance=len(batch))
+            batch.clear()
+
+    progress = Progress(SpinnerColumn(), TextColumn("sending to {task.fields[topic]}"),
+                        BarColumn(), TextColumn("{task.completed} messages"),
+                        TimeElapsedColumn(), console=output.stderr, transient=True)
+    try:
+        with progress:
+            task = progress.add_task("send", total=None, topic=topic)
+            for _, item in _lines(sys.stdin):
+                batch.append(item)
+                if len(batch) >= SEND_BATCH:
+                    flush()
+            flush()
+    except (click.BadParameter, InvalidArgument) as exc:
+        done = sum(counts.values())
+        raise click.ClickException(f"{exc.format_message() if hasattr(exc, 'format_message') else exc}"
+                                   f" ({done} messages before it were sent)") from None
+    total = sum(counts.values())
+    output.stdout.print(f"sent {total} messages to {topic}: {counts['sent']} new, "
+                        f"{counts['duplicate']} duplicate, {counts['replaced']} replaced")
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--max", "max_", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="How many messages at most.")
+@click.option("--ack", is_flag=True, help="Acknowledge (remove) them after printing; "
+              "otherwise they stay leased and come back after the visibility timeout.")
+@click.option("--visibility-timeout", type=float, default=None,
+              help="Lease length in seconds (default: the queue's).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def receive(topic: str, max_: int, ack: bool, visibility_timeout: float | None,
+            as_json: bool) -> None:
+    """Receive (lease) up to --max due messages from TOPIC and print them."""
+    q = _ctx().queue()
+    msgs = q.receive(topic, max=max_, visibility_timeout=visibility_timeout)
+    if ack and msgs:
+        q.ack_many(msgs)
+    if as_json:
+        output.json_lines([output.message_dict(m) for m in msgs])
+        return
+    if not msgs:
+        output.stdout.print(f"no due messages on {topic}")
+        return
+    state = "acked" if ack else "leased"
+    output.stdout.print(output.messages_table(f"{len(msgs)} message(s) from {topic}, {state}",
+                                              msgs, leased=not ack))
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=10, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def peek(topic: str, limit: int, as_json: bool) -> None:
+    """Show TOPIC's live messages in delivery order, without leasing them."""
+    msgs = _ctx().queue().peek(topic, limit)
+    if as_json:
+        output.json_lines([output.message_dict(m) for m in msgs])
+        return
+    if not msgs:
+        output.stdout.print(f"{topic} has no live messages")
+        return
+    output.stdout.print(output.messages_table(f"next {len(msgs)} of {topic}", msgs,
+                                              leased=False))
+
+
+def confirm(what: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.UsageError(f"refusing to {what} without confirmation; add --yes")
+    click.confirm(f"{what}?", abort=True)
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def purge(topic: str, yes: bool) -> None:
+    """Delete every live message of TOPIC (dead letters stay)."""
+    confirm(f"delete every live message of {topic!r}", yes)
+    n = _ctx().queue().purge(topic)
+    output.stdout.print(f"purged {n} message(s) from {topic}")
+
+
+COMMANDS = (migrate, send, receive, peek, purge)

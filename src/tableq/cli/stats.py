@@ -1,0 +1,93 @@
+"""`tableq stats [--watch]`: per-topic counts, and with --watch a live table whose rates come
+from successive samples. Rates are differences of counts, so they are net figures: the live
+backlog's change per second, and completions per second where they can be seen (acked
+messages are only counted with retention on; dead letters always)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from rich.live import Live
+from rich.table import Table
+
+from tableq.cli import output
+from tableq.stats import TopicStats
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    backlog_per_s: float
+    done_per_s: float
+    dead_per_s: float
+
+
+def rates(before: TopicStats | None, after: TopicStats, elapsed_s: float) -> Rates | None:
+    """Per-second change between two samples of one topic; None without an earlier one."""
+    if before is None or elapsed_s <= 0:
+        return None
+    return Rates(
+        backlog_per_s=(after.live - before.live) / elapsed_s,
+        done_per_s=max(0, after.done - before.done) / elapsed_s,
+        dead_per_s=max(0, after.dead - before.dead) / elapsed_s,
+    )
+
+
+def _rate(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.1f}" if signed else f"{value:.1f}"
+
+
+def table(rows: list[TopicStats], previous: dict[str, TopicStats], elapsed_s: float,
+          *, title: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("topic", "ready", "scheduled", "in flight", "dead", "oldest ready", "done",
+                "backlog Δ/s", "done/s", "dead/s"):
+        t.add_column(col, justify="left" if col == "topic" else "right")
+    for s in rows:
+        r = rates(previous.get(s.topic), s, elapsed_s)
+        t.add_row(s.topic, str(s.ready), str(s.scheduled), str(s.in_flight), str(s.dead),
+                  output.age(s.oldest_ready_age), str(s.done),
+                  _rate(r.backlog_per_s if r else None, signed=True),
+                  _rate(r.done_per_s if r else None), _rate(r.dead_per_s if r else None))
+    if not rows:
+        t.add_row("(no topics yet)", *[""] * 9)
+    return t
+
+
+@click.command()
+@click.argument("topic", required=False)
+@click.option("--watch", "-w", is_flag=True, help="Refresh live until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
+              help="Seconds between samples with --watch.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per topic.")
+def stats(topic: str | None, watch: bool, interval: float, as_json: bool) -> None:
+    """Ready, scheduled, in-flight and dead counts and the oldest ready age, per topic."""
+    q: Any = click.get_current_context().obj.queue()
+    if not watch:
+        rows = q.stats(topic)
+        if as_json:
+            output.json_lines([{
+                "topic": s.topic, "ready": s.ready, "scheduled": s.scheduled,
+                "in_flight": s.in_flight, "dead": s.dead, "done": s.done,
+                "oldest_ready_age": s.oldest_ready_age} for s in rows])
+        else:
+            output.stdout.print(table(rows, {}, 0.0, title=f"tableq stats — {q.backend.where}"))
+        return
+    previous: dict[str, TopicStats] = {}
+    last = time.monotonic()
+    try:
+        with Live(console=output.stdout, auto_refresh=False, screen=False) as live:
+            while True:
+                rows = q.stats(topic)
+                now = time.monotonic()
+                live.update(table(rows, previous, now - last, title=(
+                    f"tableq stats — {q.backend.where} — every {interval:g}s, Ctrl-C to quit")),
+                    refresh=True)
+                previous, last = {s.topic: s for s in rows}, now
+                time.sleep(interval)  # the refresh cadence itself, not waiting for a condition
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,101 @@
+"""`tableq worker MODULE:app`: imports the user's App and runs its handlers, in this process
+(threads) or in N supervised child processes (--processes N)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from typing import Any
+
+import click
+
+from tableq.cli import setup_logging
+from tableq.errors import ConfigurationError
+
+CHILD_ENV = "TABLEQ_WORKER_CHILD"
+
+
+def load_app(spec: str) -> Any:
+    """The App named by 'package.module:attribute' (attribute defaults to `app`)."""
+    from tableq.worker import App
+
+    module_name, _, attr = spec.partition(":")
+    attr = attr or "app"
+    if not module_name:
+        raise click.BadParameter(f"{spec!r} is not MODULE:app, e.g. myproject.jobs:app")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise click.BadParameter(
+                f"cannot import module {module_name!r} (run from the directory that contains "
+                "it, or set PYTHONPATH)") from None
+        raise
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}")
+    if callable(obj) and not isinstance(obj, App):
+        obj = obj()  # a factory function returning the App
+    if not isinstance(obj, App):
+        raise click.BadParameter(f"{spec} is a {type(obj).__name__}, not a tableq.App")
+    return obj
+
+
+@click.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option("--topic", "topics", multiple=True, help="Only these topics (repeatable).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Threads per topic (overrides each handler's concurrency).")
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes, for CPU-bound handlers.")
+@click.option("--burst", is_flag=True, help="Drain what is due, then exit.")
+@click.option("--prefetch", type=click.IntRange(min=0), default=None,
+              help="Messages fetched beyond free threads, per topic (default 0).")
+@click.option("--grace-period", type=click.FloatRange(min=0), default=None,
+              help="Seconds running handlers get to finish on SIGTERM (default 30).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+              case_sensitive=False), default="INFO", show_default=True)
+@click.pass_context
+def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
+           concurrency: int | None, processes: int, burst: bool, prefetch: int | None,
+           grace_period: float | None, log_level: str) -> None:
+    """Run the handlers of the tableq.App at MODULE:APP (e.g. jobs:app). SIGTERM or Ctrl-C
+    stops gracefully (running handlers finish, fetched ones are released); a second one
+    exits at once. Nothing is lost either way: unacked messages come back after their
+    lease."""
+    obj = ctx.obj
+    setup_logging(obj.debug, log_level)
+    app = load_app(app_spec)
+    if obj.url_given:
+        try:
+            app.use_url(obj.url)
+        except ConfigurationError:
+            raise click.UsageError("--url cannot override an App built with queue=; drop "
+                                   "--url or build the App from a URL") from None
+    if processes > 1:
+        from tableq.worker import supervisor
+
+        argv = [*(["--url", obj.url] if obj.url_given else []), *(["--debug"] if obj.debug else []),
+                "worker", app_spec, "--log-level", log_level,
+                *[a for t in topics for a in ("--topic", t)],
+                *(["--concurrency", str(concurrency)] if concurrency else []),
+                *(["--burst"] if burst else []),
+                *(["--prefetch", str(prefetch)] if prefetch is not None else []),
+                *(["--grace-period", str(grace_period)] if grace_period is not None else [])]
+        env = {**os.environ, CHILD_ENV: "1"}
+
+        def start(_: int) -> Any:
+            return supervisor.PopenChild(subprocess.Popen(supervisor.child_command(argv),
+                                                          env=env))
+        code = supervisor.supervise(start, processes, burst=burst)
+        ctx.exit(code)
+    code = app.run_worker(list(topics) or None, concurrency, burst, prefetch=prefetch,
+                          grace_period=grace_period)
+    app.close()
+    ctx.exit(code)

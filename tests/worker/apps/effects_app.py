@@ -1,0 +1,33 @@
+"""A worker app for process tests. Every handler start appends one line "id attempts" to the
+file $EFFECTS (O_APPEND: one write per line, so lines survive kill -9 whole). $WORK_SLEEP_S
+sets how long a handler takes."""
+
+import os
+import time
+
+from tableq.worker import App
+
+EFFECTS = os.environ["EFFECTS"]
+SLEEP_S = float(os.environ.get("WORK_SLEEP_S", "0.01"))
+
+app = App(visibility_timeout=float(os.environ.get("VT_S", "2")), poll_interval_max=0.2,
+          grace_period=float(os.environ.get("GRACE_S", "10")))
+
+
+def _effect(message) -> None:
+    fd = os.open(EFFECTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{message.id} {message.attempts}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@app.handler("work", concurrency=4)
+def work(message) -> None:
+    _effect(message)
+    time.sleep(SLEEP_S)  # the job's own duration, part of the scenario
+
+
+@app.handler("tick")
+def tick(message) -> None:
+    _effect(message)

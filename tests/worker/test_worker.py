@@ -1,0 +1,327 @@
+"""The worker runtime against every backend: success, retries with backoff measured on the
+database clock, dead-lettering, timeouts, heartbeats, exactly-once rollback, forwarding,
+periodic jobs with several workers, lease bounds. No sleeping to wait: wait_until."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from tableq.testing import wait_until
+from tableq.worker import Backoff
+
+from workerhelpers import run_burst, running
+
+
+def test_handler_success_acks_every_message_once(make_app):
+    app = make_app()
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    @app.handler("emails", concurrency=4)
+    def handle(message):
+        with lock:
+            seen.append(message.payload["n"])
+
+    app.queue.send_many("emails", [{"n": i} for i in range(30)])
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert sorted(seen) == list(range(30))
+    s = app.queue.stats("emails")[0]
+    assert (s.ready, s.scheduled, s.in_flight, s.dead) == (0, 0, 0, 0)
+    assert worker.stats["acked"] == 30
+
+
+def test_async_handler(make_app):
+    app = make_app()
+    seen: list[int] = []
+
+    @app.handler("a")
+    async def handle(message):
+        await asyncio.sleep(0)
+        seen.append(message.payload)
+
+    app.queue.send_many("a", [1, 2, 3])
+    run_burst(app.worker(burst=True))
+    assert sorted(seen) == [1, 2, 3]
+    assert app.queue.stats("a")[0].live == 0
+
+
+def test_retry_backoff_timing_on_database_clock(make_app):
+    app = make_app(poll_interval_max=0.05)
+    calls: list[tuple[int, float]] = []
+
+    @app.handler("flaky", max_attempts=3, retry=Backoff(base=0.5, factor=2, jitter=False))
+    def handle(message):
+        calls.append((message.attempts, app.queue.now().timestamp()))
+        raise RuntimeError(f"fail {message.attempts}")
+
+    app.queue.send("flaky", {})
+    with running(app.worker()):
+        wait_until(lambda: app.queue.stats("flaky")[0].dead == 1, timeout=15)
+    assert [a for a, _ in calls] == [1, 2, 3]
+    gap1, gap2 = calls[1][1] - calls[0][1], calls[2][1] - calls[1][1]
+    # Nominal delays 0.5 s then 1.0 s; the upper bound allows polling and scheduling slack.
+    assert 0.5 <= gap1 < 0.5 + 0.8, gap1
+    assert 1.0 <= gap2 < 1.0 + 0.8, gap2
+    (dead,) = app.queue.dead_letters("flaky")
+    assert dead.attempts == 3
+    assert "fail 3" in (dead.error or "")
+
+
+def test_nack_records_error_and_backoff_in_available_at(make_app):
+    app = make_app()
+    marks: list[float] = []
+
+    @app.handler("slowretry", retry=Backoff(base=30, jitter=False))
+    def handle(message):
+        marks.append(app.queue.now().timestamp())
+        raise ValueError("nope")
+
+    app.queue.send("slowretry", {"x": 1})
+    with running(app.worker()):
+        wait_until(lambda: app.queue.stats("slowretry")[0].scheduled == 1, timeout=10)
+    (msg,) = app.queue.peek("slowretry")
+    assert msg.attempts == 1
+    assert "ValueError: nope" in (msg.last_error or "")
+    delay = msg.available_at.timestamp() - marks[0]
+    assert 29.5 <= delay <= 31.0, delay
+
+
+def test_dead_letter_after_exactly_max_attempts(make_app):
+    app = make_app()
+    attempts: list[int] = []
+
+    @app.handler("poison", max_attempts=4, retry=Backoff(base=0, jitter=False))
+    def handle(message):
+        attempts.append(message.attempts)
+        raise KeyError("poison pill")
+
+    app.queue.send("poison", {"bad": True})
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert attempts == [1, 2, 3, 4]
+    (dead,) = app.queue.dead_letters("poison")
+    assert dead.attempts == 4 and "poison pill" in (dead.error or "")
+    assert worker.stats["dead_lettered"] == 1 and worker.stats["retried"] == 3
+
+
+def test_timeout_counts_as_failure(make_app):
+    app = make_app()
+    release = threading.Event()
+
+    @app.handler("hang", timeout=0.3, max_attempts=1)
+    def handle(message):
+        release.wait(10)  # a handler stuck on I/O; the test lets it go at the end
+
+    try:
+        app.queue.send("hang", {})
+        started = time.monotonic()
+        run_burst(app.worker(burst=True))
+        assert time.monotonic() - started < 5
+        (dead,) = app.queue.dead_letters("hang")
+        assert "timed out after 0.3 s" in (dead.error or "")
+    finally:
+        release.set()
+
+
+def test_async_timeout_cancels(make_app):
+    app = make_app()
+    cancelled = threading.Event()
+
+    @app.handler("ahang", timeout=0.2, max_attempts=1)
+    async def handle(message):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    app.queue.send("ahang", {})
+    run_burst(app.worker(burst=True))
+    wait_until(cancelled.is_set, timeout=5)
+    assert app.queue.stats("ahang")[0].dead == 1
+
+
+def test_heartbeat_keeps_a_long_job_from_redelivery(make_app):
+    # visibility_timeout 1 s, job 3.2 s; a second worker polls the same topic all along.
+    app = make_app(visibility_timeout=1)
+    other = make_app(visibility_timeout=1)
+    calls: list[int] = []
+    done = threading.Event()
+
+    def handle(message):
+        calls.append(message.id)
+        time.sleep(3.2)  # the long job itself
+        done.set()
+
+    app.handler("long")(handle)
+    other.handler("long")(handle)
+    app.queue.send("long", {})
+    with running(app.worker()), running(other.worker()):
+        wait_until(done.is_set, timeout=15)
+        wait_until(lambda: app.queue.stats("long")[0].live == 0, timeout=5)
+    assert len(calls) == 1
+    assert app.queue.stats("long")[0].dead == 0
+
+
+def test_exactly_once_rolls_back_handler_writes_on_failure(make_app):
+    app = make_app()
+    runs: list[int] = []
+
+    @app.handler("eo", mode="exactly_once", retry=Backoff(base=0, jitter=False))
+    def handle(message):
+        runs.append(message.attempts)
+        message.transaction.send("effects", {"from": message.id, "attempt": message.attempts})
+        if message.attempts == 1:
+            raise RuntimeError("first try fails after writing")
+
+    sent = app.queue.send("eo", {"v": 1})
+    run_burst(app.worker(burst=True))
+    assert runs == [1, 2]
+    effects = app.queue.peek("effects", 10)
+    assert [(m.payload["from"], m.payload["attempt"]) for m in effects] == [(sent.id, 2)]
+    assert app.queue.stats("eo")[0].live == 0
+
+
+def test_exactly_once_lease_lost_rolls_back(make_app):
+    app = make_app()
+
+    @app.handler("eo2", mode="exactly_once", max_attempts=1)
+    def handle(message):
+        message.transaction.send("effects2", {"n": 1})
+        # The lease changes hands before the ack (here inside the same transaction, which
+        # works on every backend; SQLite's single writer would block another connection).
+        app.queue.backend.release(message.id, message.lease, 0.0, None, False,
+                                  message.transaction.connection)
+
+    app.queue.send("eo2", {})
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert app.queue.stats("effects2")[0].live == 0  # the handler's write was rolled back
+    assert worker.stats["lease_lost"] == 1 and worker.stats["acked"] == 0
+    assert app.queue.stats("eo2")[0].live == 1  # still there, never acked
+
+
+def test_forward_sends_next_step_and_acks(make_app):
+    app = make_app()
+    got: list[dict] = []
+
+    @app.handler("step1")
+    def first(message):
+        message.forward("step2", {"n": message.payload["n"] + 1}, key=f"k{message.id}")
+
+    @app.handler("step2")
+    def second(message):
+        got.append(message.payload)
+
+    app.queue.send("step1", {"n": 1})
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert got == [{"n": 2}]
+    assert worker.stats["lease_lost"] == 0
+    assert app.queue.stats("step1")[0].live == 0 and app.queue.stats("step2")[0].live == 0
+
+
+def test_at_most_once_removes_before_running(make_app):
+    app = make_app()
+    seen: list[int] = []
+
+    @app.handler("amo", mode="at_most_once")
+    def handle(message):
+        seen.append(message.attempts)
+        assert app.queue.get(message.id) is None  # already gone while running
+        raise RuntimeError("lost on purpose")
+
+    app.queue.send("amo", {})
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert seen == [1]
+    s = app.queue.stats("amo")[0]
+    assert (s.live, s.dead) == (0, 0)
+    assert worker.stats["failed"] == 1
+
+
+def test_leases_bounded_by_free_threads(make_app):
+    app = make_app()
+    gate = threading.Event()
+    peak = Counter()
+
+    @app.handler("bounded", concurrency=3)
+    def handle(message):
+        gate.wait(10)
+
+    app.queue.send_many("bounded", list(range(20)))
+    try:
+        with running(app.worker()):
+            wait_until(lambda: app.queue.stats("bounded")[0].in_flight == 3, timeout=10)
+            for _ in range(5):
+                peak["max"] = max(peak["max"], app.queue.stats("bounded")[0].in_flight)
+            gate.set()
+            wait_until(lambda: app.queue.stats("bounded")[0].live == 0, timeout=15)
+    finally:
+        gate.set()
+    assert peak["max"] == 3
+
+
+def test_periodic_job_once_per_tick_with_three_workers(make_app):
+    apps = [make_app() for _ in range(3)]
+    ticks: list[str] = []
+    lock = threading.Lock()
+
+    def handle(message):
+        with lock:
+            ticks.append(message.headers["tableq-tick"])
+
+    for app in apps:
+        app.every("tick", seconds=1, payload={"job": "cleanup"})
+        app.handler("tick")(handle)
+    workers = [app.worker() for app in apps]
+    with running(workers[0]), running(workers[1]), running(workers[2]):
+        wait_until(lambda: len(set(ticks)) >= 5, timeout=20)
+    counts = Counter(ticks)
+    assert all(n == 1 for n in counts.values()), counts
+    stamps = sorted(counts)
+    from datetime import datetime
+
+    seconds_ = [datetime.fromisoformat(s).timestamp() for s in stamps]
+    # Consecutive ticks, none skipped, each one second apart.
+    assert [round(b - a, 3) for a, b in zip(seconds_, seconds_[1:])] == [1.0] * (len(stamps) - 1)
+
+
+def test_burst_exits_on_empty_queue(make_app):
+    app = make_app()
+
+    @app.handler("empty")
+    def handle(message):
+        raise AssertionError("nothing to handle")
+
+    started = time.monotonic()
+    run_burst(app.worker(burst=True))
+    assert time.monotonic() - started < 5
+
+
+def test_notify_wakes_idle_worker(make_app, db_url):
+    if not db_url.startswith("postgres"):
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    # Polling every 10 s could not explain a pickup within a second: NOTIFY must.
+    app = make_app(poll_interval_min=10, poll_interval_max=10)
+    picked = threading.Event()
+
+    @app.handler("wake")
+    def handle(message):
+        picked.set()
+
+    worker = app.worker()
+    with running(worker):
+        assert worker._waker is not None and worker._waker.listening
+        time.sleep(0.3)  # let the first empty poll pass so the worker is parked in its wait
+        sent_at = time.monotonic()
+        app.queue.send("wake", {})
+        wait_until(picked.is_set, timeout=5, interval=0.005)
+        latency = time.monotonic() - sent_at
+    assert latency < 1.0, latency
