@@ -71,10 +71,12 @@ def cli_env(url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_worker_process(url: str, spec: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-    """`tableq worker SPEC ARGS` in a subprocess, with tests/worker/apps importable."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tableq.cli", "worker", spec, *args],
-        env=cli_env(url, **env), cwd=str(APPS_DIR),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+def start_worker_process(url: str, spec: str, *args: str, log: Path,
+                         **env: str) -> subprocess.Popen[bytes]:
+    """`tableq worker SPEC ARGS` in a subprocess, with tests/worker/apps importable; its
+    output goes to the file `log` (read it while it runs without filling a pipe)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tableq.cli", "worker", spec, *args],
+            env=cli_env(url, **env), cwd=str(APPS_DIR), stdout=out, stderr=subprocess.STDOUT,
+        )
