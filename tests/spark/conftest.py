@@ -25,7 +25,6 @@ SPARK_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-    "spark.sql.python.filterPushdown.enabled": "true",
     "spark.driver.extraJavaOptions": (
         "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC "
         f"-Dlog4j2.configurationFile=file://{HERE / 'log4j2-quiet.properties'}"
@@ -71,6 +70,21 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     session.stop()
 
 
+def _root_conftest():  # type: ignore[no-untyped-def]
+    """tests/conftest.py, whose make_url() makes fresh databases; both files are named
+    conftest, so it is loaded by path rather than by module name."""
+    import importlib.util
+
+    name = "tableq_tests_root_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE.parent / "conftest.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def child_env() -> dict[str, str]:
     """The environment for a Spark driver started as a subprocess by a test."""
     _spark_env()
@@ -80,14 +94,10 @@ def child_env() -> dict[str, str]:
 @pytest.fixture(params=["sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh queue database on SQLite and PostgreSQL (the Spark suite's default pair)."""
-    from conftest import make_url  # the suite-wide conftest in tests/
-
-    yield from make_url(request.param, tmp_path)
+    yield from _root_conftest().make_url(request.param, tmp_path)
 
 
 @pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def any_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh queue database on all three backends."""
-    from conftest import make_url
-
-    yield from make_url(request.param, tmp_path)
+    yield from _root_conftest().make_url(request.param, tmp_path)

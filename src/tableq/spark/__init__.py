@@ -11,6 +11,5 @@ __all__ = ["TableqDataSource", "register"]
 
 
 def register(spark: Any) -> None:
-    """Registers format("tableq") on the session, with filter pushdown for its batch reader."""
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    """Registers format("tableq") on the session."""
     spark.dataSource.register(TableqDataSource)

@@ -57,7 +57,6 @@ def get_session(master: str | None = None, *, app_name: str = "tableq",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.python.filterPushdown.enabled": "true",
         **(conf or {}),
     }
     for k, v in settings.items():

@@ -15,13 +15,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
     InputPartition,
-    LessThan,
-    LessThanOrEqual,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -140,41 +134,23 @@ class IdRange(InputPartition):
 
 
 class TableqBatchReader(DataSourceReader):
-    """A snapshot partitioned by id range. Bounds are taken once, at planning."""
+    """A snapshot partitioned by id range. Bounds are taken once, at planning.
+
+    No pushFilters: in pyspark 4.3 the partitions planned for one filtered query were reused
+    for later queries of the same DataFrame (df.where("topic = 'b'").count() then df.count()
+    counted only topic b). Narrow the read with the topic / lowerId / upperId options."""
 
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
         self.columns = schema.fieldNames()
         self.topic, self.lo, self.hi = opts.topic, opts.lo, opts.hi
 
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        # Pushed: id bounds and topic equality; everything else Spark evaluates.
-        for f in filters:
-            col = f.attribute[0] if len(f.attribute) == 1 else None
-            v = getattr(f, "value", None)
-            if col == "id" and isinstance(v, int) and not isinstance(v, bool):
-                lo, hi = {GreaterThan: (v + 1, None), GreaterThanOrEqual: (v, None),
-                          LessThan: (None, v - 1), LessThanOrEqual: (None, v),
-                          EqualTo: (v, v)}.get(type(f), (None, None))
-                if lo is None and hi is None:
-                    yield f
-                    continue
-                if lo is not None:
-                    self.lo = lo if self.lo is None else max(self.lo, lo)
-                if hi is not None:
-                    self.hi = hi if self.hi is None else min(self.hi, hi)
-            elif col == "topic" and isinstance(f, EqualTo) and isinstance(v, str):
-                if self.topic is not None and self.topic != v:
-                    self.lo, self.hi = 1, 0  # contradicts the topic option: nothing matches
-                self.topic = v
-            else:
-                yield f
-
     def partitions(self) -> Sequence[InputPartition]:
         q = queue_for(self.opts.url)
         if self.opts.source == "live":
-            return [IdRange(self.opts.url, "live", self.topic, self.lo or 1, self.hi or 0,
-                            None, self.opts.rows_per_read)]
+            hi = self.hi if self.hi is not None else 2**63 - 1
+            return [IdRange(self.opts.url, "live", self.topic, self.lo or 1, hi, None,
+                            self.opts.rows_per_read)]
         bounds = q.history_bounds(self.opts.source, self.topic)
         if bounds is None:
             return []
@@ -212,7 +188,7 @@ def _read_live(q: Any, p: IdRange, columns: list[str]) -> Iterator[tuple[Any, ..
                                     "batch read of live messages is limited to 10,000 until "
                                     "the core offers reads by id range")
     for m in msgs:
-        if p.hi >= p.lo and not p.lo <= m.id <= p.hi:
+        if not p.lo <= m.id <= p.hi:
             continue
         yield to_tuple({**_message_row(m), "lease": None}, columns)
 
