@@ -152,12 +152,10 @@ class TableqBatchReader(DataSourceReader):
             return [IdRange(self.opts.url, "live", self.topic, self.lo or 1, hi, None,
                             self.opts.rows_per_read)]
         bounds = q.history_bounds(self.opts.source, self.topic)
-        if bounds is None:
-            return []
-        lo = max(bounds[0], self.lo or bounds[0])
-        hi = min(bounds[1], self.hi if self.hi is not None else bounds[1])
-        if lo > hi:
-            return []
+        lo = max(bounds[0], self.lo or bounds[0]) if bounds else 1
+        hi = min(bounds[1], self.hi if self.hi is not None else bounds[1]) if bounds else 0
+        if lo > hi:  # Spark reads an empty list as one bare InputPartition: give it an empty range
+            return [IdRange(self.opts.url, self.opts.source, self.topic, 1, 0, None, 1)]
         n = self.opts.num_partitions or max(1, min(64, (hi - lo + 1) // 200_000 + 1))
         step = -(-(hi - lo + 1) // n)
         return [IdRange(self.opts.url, self.opts.source, self.topic, a, min(hi, a + step - 1),
