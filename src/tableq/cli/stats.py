@@ -79,15 +79,30 @@ def stats(topic: str | None, watch: bool, interval: float, as_json: bool) -> Non
         return
     previous: dict[str, TopicStats] = {}
     last = time.monotonic()
+    title = f"tableq stats — {q.backend.where} — every {interval:g}s, Ctrl-C to quit"
     try:
-        with Live(console=output.stdout, auto_refresh=False, screen=False) as live:
+        # On a terminal, one table redrawn in place; piped, one table per sample.
+        live = Live(console=output.stdout, auto_refresh=False) if output.stdout.is_terminal \
+            else None
+        with live or _NoLive():
             while True:
                 rows = q.stats(topic)
                 now = time.monotonic()
-                live.update(table(rows, previous, now - last, title=(
-                    f"tableq stats — {q.backend.where} — every {interval:g}s, Ctrl-C to quit")),
-                    refresh=True)
+                shown = table(rows, previous, now - last, title=title)
+                if live is not None:
+                    live.update(shown, refresh=True)
+                else:
+                    output.stdout.print(shown)
+                    output.stdout.file.flush()
                 previous, last = {s.topic: s for s in rows}, now
                 time.sleep(interval)  # the refresh cadence itself, not waiting for a condition
     except KeyboardInterrupt:
         return
+
+
+class _NoLive:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

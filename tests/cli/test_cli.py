@@ -1,0 +1,181 @@
+"""The `tableq` command end to end, in a subprocess, on every backend: migrate, send (one and
+bulk from stdin), stats, peek, receive, dead list/requeue/purge, purge, worker --burst, and
+errors as one line without a traceback (unless --debug)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tableq
+
+APPS_DIR = Path(__file__).resolve().parents[1] / "worker" / "apps"
+SRC_DIR = Path(__file__).resolve().parents[2] / "src"
+
+
+def tq(url: str | None, *args: str, stdin: str | None = None, env: dict | None = None,
+       cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "TABLEQ_URL"}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(SRC_DIR)])
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "tableq.cli", *(["--url", url] if url else []), *args]
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120,
+                          env=full_env, cwd=str(cwd) if cwd else None)
+
+
+def jl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_send_stats_peek_receive_purge(db_url):
+    r = tq(db_url, "migrate")
+    assert r.returncode == 0 and "applied migrations" in r.stdout, r.stderr
+    assert "up to date" in tq(db_url, "migrate").stdout
+
+    r = tq(db_url, "send", "emails", '{"to": "a@example.com"}', "--key", "k1", "--priority", "5")
+    assert r.returncode == 0 and r.stdout.startswith("sent id="), r.stderr
+    r = tq(db_url, "send", "emails", '{"to": "other"}', "--key", "k1")
+    assert r.stdout.startswith("duplicate id=")
+
+    lines = "\n".join(json.dumps({"n": i}) for i in range(2500)) + "\n"
+    lines += json.dumps({"payload": {"n": "keyed"}, "key": "bulk-1"}) + "\n"
+    r = tq(db_url, "send", "emails", "-", stdin=lines)
+    assert r.returncode == 0, r.stderr
+    assert "sent 2501 messages to emails: 2501 new" in r.stdout
+
+    r = tq(db_url, "send", "later", '"x"', "--delay", "3600")
+    assert r.returncode == 0
+
+    stats = {s["topic"]: s for s in jl(tq(db_url, "stats", "--json").stdout)}
+    assert stats["emails"]["ready"] == 2502 and stats["later"]["scheduled"] == 1
+    assert "emails" in tq(db_url, "stats").stdout  # the rich table
+
+    peeked = jl(tq(db_url, "peek", "emails", "--limit", "2", "--json").stdout)
+    assert peeked[0]["payload"] == {"to": "a@example.com"} and peeked[0]["priority"] == 5
+    assert len(peeked) == 2
+
+    got = jl(tq(db_url, "receive", "emails", "--max", "3", "--ack", "--json").stdout)
+    assert len(got) == 3 and got[0]["key"] == "k1"
+    got = jl(tq(db_url, "receive", "emails", "--max", "2", "--json").stdout)
+    assert len(got) == 2 and all(m["lease"] for m in got)
+    stats = {s["topic"]: s for s in jl(tq(db_url, "stats", "--json").stdout)}
+    assert stats["emails"]["ready"] == 2497 and stats["emails"]["in_flight"] == 2
+
+    r = tq(db_url, "purge", "emails")
+    assert r.returncode == 2 and "add --yes" in r.stderr  # no prompt without a terminal
+    r = tq(db_url, "purge", "emails", "--yes")
+    assert r.returncode == 0 and "purged 2499" in r.stdout
+
+
+def test_dead_letters_list_requeue_purge(db_url):
+    with tableq.connect(db_url, migrate=True, max_attempts=1) as q:
+        ids = [q.send("jobs", {"n": i}).id for i in range(3)]
+        for m in q.receive("jobs", max=3):
+            q.dead_letter(m, f"broken {m.payload['n']}")
+    listed = jl(tq(db_url, "dead", "list", "jobs", "--json").stdout)
+    assert [d["id"] for d in listed] == ids and listed[0]["error"] == "broken 0"
+    assert "broken 1" in tq(db_url, "dead", "list", "jobs").stdout
+    r = tq(db_url, "dead", "requeue", "jobs", "--id", str(ids[0]))
+    assert r.returncode == 0 and "requeued 1" in r.stdout
+    r = tq(db_url, "dead", "purge", "jobs", "--id", str(ids[1]))
+    assert "purged 1" in r.stdout
+    r = tq(db_url, "dead", "purge", "jobs", "--yes")
+    assert "purged 1" in r.stdout
+    with tableq.connect(db_url) as q:
+        (s,) = q.stats("jobs")
+        assert (s.ready, s.dead) == (1, 0)
+        assert q.peek("jobs")[0].id == ids[0]
+
+
+def test_worker_burst_from_the_command_line(db_url, tmp_path):
+    fx = tmp_path / "effects.txt"
+    tq(db_url, "migrate")
+    lines = "\n".join(str(i) for i in range(25)) + "\n"
+    assert tq(db_url, "send", "work", "-", stdin=lines).returncode == 0
+    r = tq(db_url, "worker", "effects_app:app", "--topic", "work", "--burst",
+           "--concurrency", "2", env={"EFFECTS": str(fx)}, cwd=APPS_DIR)
+    assert r.returncode == 0, r.stderr
+    assert "worker_started" in r.stderr and "acked" in r.stderr
+    assert len(fx.read_text().splitlines()) == 25
+    assert jl(tq(db_url, "stats", "work", "--json").stdout)[0]["ready"] == 0
+
+
+def test_url_from_environment(db_url):
+    r = tq(None, "migrate", env={"TABLEQ_URL": db_url})
+    assert r.returncode == 0, r.stderr
+    r = tq(None, "send", "envtopic", "1", env={"TABLEQ_URL": db_url})
+    assert r.returncode == 0
+    with tableq.connect(db_url) as q:
+        assert q.stats("envtopic")[0].ready == 1
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (("send", "t", "{not json"), 2, "PAYLOAD is not JSON"),
+    (("send", "bad topic\x01", "1"), 1, "invalid topic"),
+    (("receive", "t", "--max", "0"), 2, "--max"),
+    (("worker", "no_such_module_xyz:app"), 2, "cannot import module"),
+    (("worker", "effects_app:nothing"), 2, "has no attribute"),
+    (("dead", "requeue", "t", "--id", "x"), 2, "--id"),
+])
+def test_user_errors_are_one_line_without_traceback(tmp_path, args, code, needle):
+    url = f"sqlite:///{tmp_path}/e.db"
+    tq(url, "migrate")
+    r = tq(url, *args, env={"EFFECTS": str(tmp_path / "fx")}, cwd=APPS_DIR)
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_url_and_unmigrated_database(tmp_path):
+    r = tq("nosuch://x", "stats")
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot use database URL")
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = tq(f"sqlite:///{tmp_path}/fresh.db", "stats")
+    assert r.returncode == 1 and "tableq migrate" in r.stderr and "Traceback" not in r.stderr
+    r = tq("postgresql://nobody@127.0.0.1:1/none", "stats")
+    assert r.returncode == 1 and "cannot reach" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = tq("nosuch://x", "--debug", "stats")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "InvalidURL" in r.stderr
+
+
+def test_help_lists_exactly_the_commands():
+    r = tq(None, "--help")
+    assert r.returncode == 0
+    for name in ("migrate", "send", "receive", "stats", "peek", "dead", "purge", "worker"):
+        assert f"  {name}" in r.stdout
+
+
+def test_stats_watch_refreshes_and_quits_on_ctrl_c(db_url, tmp_path):
+    import signal
+
+    from tableq.testing import wait_until
+
+    tq(db_url, "migrate")
+    tq(db_url, "send", "watched", "1")
+    out = tmp_path / "watch.txt"
+    env = {k: v for k, v in os.environ.items() if k != "TABLEQ_URL"}
+    env["PYTHONPATH"] = str(SRC_DIR)
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "tableq.cli", "--url", db_url, "stats",
+                                 "--watch", "--interval", "0.2"], stdout=sink,
+                                stderr=subprocess.STDOUT, env=env)
+    try:
+        # Rates appear from the second sample on.
+        wait_until(lambda: out.read_text().count("watched") >= 2, timeout=20)
+        tq(db_url, "send", "watched", "2")
+        wait_until(lambda: "+" in out.read_text().split("watched")[-1], timeout=20)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert "backlog Δ/s" in out.read_text()

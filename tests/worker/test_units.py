@@ -1,0 +1,122 @@
+"""Pure parts of the worker, no database: backoff, the retry decision, adaptive polling,
+periodic ticks, log line format, App validation."""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tableq.errors import ConfigurationError, InvalidArgument
+from tableq.worker import App, Backoff, PeriodicJob, PollPolicy
+from tableq.worker import events
+from tableq.worker.heartbeat import heartbeat_interval
+from tableq.worker.periodic import next_tick, plan, send_margin_s, tick_key
+from tableq.worker.retry import decide
+
+
+def test_backoff_grows_and_caps():
+    b = Backoff(base=1, factor=2, max=10, jitter=False)
+    assert [b.delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+    assert b.delay(10_000) == 10  # no overflow
+
+
+def test_backoff_jitter_stays_in_half_to_full():
+    b = Backoff(base=4, factor=3, max=100, jitter=True)
+    rng = random.Random(7)
+    for attempt in range(1, 8):
+        nominal = b.nominal(attempt)
+        for _ in range(50):
+            assert nominal / 2 <= b.delay(attempt, rng) <= nominal
+
+
+@pytest.mark.parametrize("kwargs", [{"base": -1}, {"factor": 0.5}, {"max": float("nan")},
+                                    {"base": "1"}])
+def test_backoff_rejects_bad_values(kwargs):
+    with pytest.raises(InvalidArgument):
+        Backoff(**kwargs)
+
+
+def test_decide():
+    b = Backoff(base=2, jitter=False)
+    assert decide(succeeded=True, attempts=5, max_attempts=5, backoff=b, error=None).action == "ack"
+    d = decide(succeeded=False, attempts=2, max_attempts=5, backoff=b, error="x")
+    assert (d.action, d.delay_s, d.error) == ("retry", 4.0, "x")
+    assert decide(succeeded=False, attempts=5, max_attempts=5, backoff=b,
+                  error="x").action == "dead_letter"
+
+
+def test_poll_policy_drains_then_backs_off():
+    p = PollPolicy(interval_min_s=0.1, interval_max_s=1.0)
+    assert p.next_delay(0.0, True) == 0.0
+    delays, d = [], 0.0
+    for _ in range(6):
+        d = p.next_delay(d, False)
+        delays.append(d)
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert p.next_delay(1.0, True) == 0.0
+    with pytest.raises(InvalidArgument):
+        PollPolicy(interval_min_s=2, interval_max_s=1)
+
+
+def test_heartbeat_interval_is_a_third_of_the_lease():
+    assert heartbeat_interval(30) == 10
+    assert heartbeat_interval(0.01) == 0.05
+
+
+def test_interval_ticks_align_to_epoch():
+    job = PeriodicJob("cleanup", "cleanup", None, 300)
+    now = datetime(2026, 1, 1, 12, 3, 10, tzinfo=UTC)
+    assert next_tick(job, now) == datetime(2026, 1, 1, 12, 5, tzinfo=UTC)
+    assert next_tick(job, datetime(2026, 1, 1, 12, 5, tzinfo=UTC)) == datetime(
+        2026, 1, 1, 12, 10, tzinfo=UTC)
+    assert tick_key(job, next_tick(job, now)) == "every:cleanup@2026-01-01T12:05:00.000+00:00"
+
+
+def test_cron_ticks():
+    job = PeriodicJob("report", "reports", "0 3 * * *", None)
+    now = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    assert next_tick(job, now) == datetime(2026, 3, 2, 3, 0, tzinfo=UTC)
+    assert job.period_s(now) == 86400
+
+
+def test_plan_skips_a_tick_too_close_to_send():
+    job = PeriodicJob("p", "p", None, 10)
+    tick = datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC)
+    margin = send_margin_s(10)
+    assert plan(job, tick - timedelta(seconds=5)) .send
+    assert not plan(job, tick - timedelta(seconds=margin / 2)).send
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"cron": "* * * * *", "seconds": 5},
+                                    {"cron": "not cron"}, {"seconds": 0.5}])
+def test_every_rejects_bad_schedules(kwargs):
+    with pytest.raises(InvalidArgument):
+        App("sqlite:///unused.db").every("job", **kwargs)
+
+
+def test_handler_validation():
+    app = App("sqlite:///unused.db")
+    with pytest.raises(InvalidArgument, match="mode"):
+        app.handler("t", mode="twice")
+    with pytest.raises(InvalidArgument, match="concurrency"):
+        app.handler("t", concurrency=0)
+    with pytest.raises(InvalidArgument, match="Backoff"):
+        app.handler("t", retry=5)  # type: ignore[arg-type]
+    app.handler("t")(lambda m: None)
+    with pytest.raises(ConfigurationError, match="already has a handler"):
+        app.handler("t")(lambda m: None)
+    with pytest.raises(ConfigurationError, match="no handler for topic"):
+        app.worker(["other"])
+
+
+def test_event_lines_are_key_value(caplog):
+    with caplog.at_level(logging.INFO, logger="tableq.worker"):
+        events.emit(events.RETRIED, topic="emails", id=4, attempts=2, delay_s=1.5,
+                    error="ValueError: no such user", skipped=None)
+    (record,) = caplog.records
+    assert record.getMessage() == ('retried topic=emails id=4 attempts=2 delay_s=1.5 '
+                                   'error="ValueError: no such user"')
+    assert record.event == "retried" and record.fields["id"] == 4
