@@ -20,6 +20,7 @@ from tableq.message import Message
 from tableq.queue import Queue
 from tableq.transaction import Transaction
 from tableq.worker import events
+from tableq.worker.completer import Completer
 from tableq.worker.executor import Executor, Outcome, describe
 from tableq.worker.heartbeat import Heartbeater
 from tableq.worker.periodic import PeriodicJob, Scheduler
@@ -51,7 +52,10 @@ class HandlerSpec:
 class WorkerOptions:
     concurrency: int | None = None  # overrides every handler's maximum
     burst: bool = False
-    prefetch: int = 0  # messages fetched beyond free threads, per topic
+    prefetch: int = 0  # messages fetched beyond free threads, per topic, at least
+    # Fetch ahead as many messages as the threads should start within this many seconds (by
+    # the handlers' measured duration); 0 turns it off. Bounds leases held but not started.
+    prefetch_wait_s: float = 0.5
     grace_period_s: float = 30.0
     poll: PollPolicy = PollPolicy()
     use_listener: bool = True
@@ -124,9 +128,11 @@ class Lane:
     the backlog and shrinking when idle)."""
 
     def __init__(self, worker: Worker, spec: HandlerSpec, cmin: int, cmax: int,
-                 prefetch: int) -> None:
+                 prefetch: int, prefetch_wait_s: float) -> None:
         self.worker, self.spec = worker, spec
         self.cmin, self.cmax, self.prefetch = cmin, cmax, prefetch
+        self.prefetch_wait_s = prefetch_wait_s
+        self.avg_duration_s: float | None = None
         self.buffer: collections.deque[_Job] = collections.deque()
         self.running = 0
         self.threads = 0
@@ -134,9 +140,32 @@ class Lane:
         self.cond = threading.Condition()
         self.stopping = False
 
-    def want(self) -> int:
+    def record(self, duration_s: float) -> None:
         with self.cond:
-            return max(0, self.cmax + self.prefetch - self.running - len(self.buffer))
+            prev = self.avg_duration_s
+            self.avg_duration_s = duration_s if prev is None else 0.8 * prev + 0.2 * duration_s
+
+    def prefetch_target(self) -> int:
+        """Messages to hold beyond the threads: the explicit minimum, or as many as the
+        threads will start within prefetch_wait_s at the measured handler duration."""
+        adaptive = 0
+        if self.prefetch_wait_s > 0 and self.avg_duration_s is not None:
+            per_s = self.cmax / max(self.avg_duration_s, 1e-4)
+            adaptive = int(min(FETCH_MAX, per_s * self.prefetch_wait_s))
+        return max(self.prefetch, adaptive)
+
+    def want(self) -> int:
+        """How many to fetch now: 0 unless a thread would go idle or half the room is free,
+        so fetches come in batches instead of one message per finished job."""
+        with self.cond:
+            capacity = self.cmax + self.prefetch_target()
+            room = capacity - self.running - len(self.buffer)
+            if room <= 0:
+                return 0
+            idle_threads = self.cmax - self.running - len(self.buffer)
+            if idle_threads > 0 or room >= max(1, capacity // 2):
+                return room
+            return 0
 
     def busy(self) -> bool:
         with self.cond:
@@ -236,10 +265,12 @@ class Worker:
         for spec in specs:
             cmax = options.concurrency if options.concurrency is not None else spec.concurrency_max
             cmin = min(spec.concurrency_min, cmax)
-            self.lanes.append(Lane(self, spec, cmin, cmax, options.prefetch))
+            self.lanes.append(Lane(self, spec, cmin, cmax, options.prefetch,
+                                   options.prefetch_wait_s))
         self.scheduler = Scheduler(queue, list(periodic))
         self.executor = Executor()
         self._heartbeater: Heartbeater | None = None
+        self._completer: Completer | None = None
         self._waker: Waker | None = None
         self._stop = threading.Event()
         self._slot_event = threading.Event()
@@ -274,6 +305,7 @@ class Worker:
     def run(self) -> None:
         topics = [lane.spec.topic for lane in self.lanes]
         self._heartbeater = Heartbeater(self.queue)
+        self._completer = Completer(self.queue, self._acked, self._ack_lost)
         self._waker = Waker(self.queue, topics, use_listener=self.options.use_listener)
         for lane in self.lanes:
             lane.ensure_min()
@@ -365,9 +397,23 @@ class Worker:
                 outcome = outcome.value  # the body reports the handler's own outcome
         else:
             outcome = self.executor.run(spec.fn, handed, spec.timeout_s)
+        lanes = [lane for lane in self.lanes if lane.spec is spec]
+        if lanes and outcome.status != "timeout":
+            lanes[0].record(outcome.duration_s)
+        if not self._settle(spec, msg, outcome, tracker) and self._heartbeater is not None:
+            self._heartbeater.drop(msg)
+
+    def _acked(self, msg: Message, duration_s: float) -> None:
         if self._heartbeater is not None:
             self._heartbeater.drop(msg)
-        self._settle(spec, msg, outcome, tracker)
+        self._count("acked")
+        events.emit(events.ACKED, topic=msg.topic, id=msg.id, attempts=msg.attempts,
+                    duration_s=round(duration_s, 4))
+
+    def _ack_lost(self, msg: Message) -> None:
+        if self._heartbeater is not None:
+            self._heartbeater.drop(msg)
+        self._count("lease_lost")
 
     def _exactly_once_body(self, spec: HandlerSpec) -> Callable[[Message], Outcome]:
         def body(msg: Message) -> Outcome:
@@ -391,7 +437,9 @@ class Worker:
         return body
 
     def _settle(self, spec: HandlerSpec, msg: Message, outcome: Outcome,
-                tracker: _Tracker) -> None:
+                tracker: _Tracker) -> bool:
+        """Acts on the outcome. True when the ack was handed to the completer (which then
+        owns the message's heartbeat until the ack commits)."""
         fields = {"topic": msg.topic, "id": msg.id, "attempts": msg.attempts}
         if spec.mode == "at_most_once":
             if outcome.ok:
@@ -402,21 +450,21 @@ class Worker:
                 self._count("failed")
                 events.emit(events.FAILED, logging.WARNING, **fields, mode="at_most_once",
                             error=_first_line(outcome.error))
-            return
+            return False
         if outcome.status == "lease_lost":
             self._count("lease_lost")
             events.emit(events.LEASE_LOST, logging.WARNING, **fields, during="ack",
                         rolled_back=True)
-            return
+            return False
         if outcome.ok and (tracker.settled or spec.mode == "exactly_once"):
             self._count("acked")
             events.emit(events.ACKED, **fields, duration_s=round(outcome.duration_s, 4))
-            return
+            return False
         if tracker.settled and not outcome.ok:
             # The handler settled the message itself, then raised: its settlement stands.
             events.emit(events.FAILED, logging.WARNING, **fields, settled_by="handler",
                         error=_first_line(outcome.error))
-            return
+            return False
         if outcome.status == "timeout":
             self._count("timed_out")
             events.emit(events.TIMED_OUT, logging.WARNING, **fields, timeout_s=spec.timeout_s)
@@ -425,15 +473,15 @@ class Worker:
                           backoff=spec.retry, error=outcome.error, rng=self._rng)
         try:
             if decision.action == "ack":
-                self.queue.ack(msg)
-                self._count("acked")
-                events.emit(events.ACKED, **fields, duration_s=round(outcome.duration_s, 4))
-            elif decision.action == "retry":
+                assert self._completer is not None
+                self._completer.ack(msg, outcome.duration_s)
+                return True
+            if decision.action == "retry":
                 self.queue.nack(msg, delay=decision.delay_s, error=decision.error)
                 self._count("retried")
                 events.emit(events.RETRIED, logging.WARNING, **fields,
                             delay_s=round(decision.delay_s, 3), error=_first_line(decision.error))
-            else:
+            if decision.action == "dead_letter":
                 self.queue.dead_letter(msg, decision.error or "failed")
                 self._count("dead_lettered")
                 events.emit(events.DEAD_LETTERED, logging.ERROR, **fields,
@@ -445,6 +493,7 @@ class Worker:
             # The lease will run out and the message come back: at-least-once holds.
             events.emit("settle_failed", logging.ERROR, **fields, action=decision.action,
                         error=str(exc).splitlines()[0])
+        return False
 
     def _release(self, msg: Message) -> None:
         if msg.lease is None:
@@ -475,6 +524,8 @@ class Worker:
         if not finished:
             events.emit("grace_expired", logging.WARNING,
                         running=sum(lane.running for lane in self.lanes))
+        if self._completer is not None:
+            self._completer.close()  # commit the acks of everything that finished
         if self._heartbeater is not None:
             self._heartbeater.close()
         if self._waker is not None:
