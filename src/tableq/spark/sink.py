@@ -65,6 +65,9 @@ def check_write_schema(schema: StructType) -> tuple[tuple[str, DataType], ...]:
     """The (name, type) plan of the sink's input; raises ColumnError at planning time."""
     names = [f.name for f in schema.fields]
     lowered = [n.lower() for n in names]
+    if "payload" not in names:
+        raise ColumnError("payload", f"is required; the DataFrame has only {names}; "
+                          "e.g. df.select(struct(*df.columns).alias('payload'))")
     for f in schema.fields:
         if f.name not in WRITE_COLUMNS:
             hint = (f" (columns are case-sensitive: use {f.name.lower()!r})"
@@ -74,9 +77,6 @@ def check_write_schema(schema: StructType) -> tuple[tuple[str, DataType], ...]:
                               "e.g. df.select(to_json(struct(...)).alias('payload'))")
     if len(set(lowered)) != len(lowered):
         raise ColumnError(names[0], "duplicate column names")
-    if "payload" not in names:
-        raise ColumnError("payload", f"is required; the DataFrame has only {names}; "
-                          "e.g. df.select(struct(*df.columns).alias('payload'))")
     if "delay_s" in names and "available_at" in names:
         raise ColumnError("available_at", "give either delay_s or available_at, not both")
     expected: dict[str, tuple[tuple[type, ...], str]] = {

@@ -86,7 +86,12 @@ class TableqDataSource(DataSource):
         return "tableq"
 
     def schema(self) -> str:
-        return SCHEMAS[ReadOptions.parse(self.options).source]
+        # Called at load(), for batch and stream reads alike: the place to reject bad read
+        # options before a query starts (a stream's own errors surface only once it runs).
+        opts = ReadOptions.parse(self.options)
+        if opts.source == "live":
+            StreamOptions.parse(self.options)
+        return SCHEMAS[opts.source]
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TableqBatchReader(ReadOptions.parse(self.options), schema)

@@ -1,0 +1,87 @@
+"""Streaming through the tableq source and sink: AvailableNow drains and stops; a killed and
+restarted query (same checkpoint) loses nothing and duplicates nothing from topic a to b."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+import tableq
+from tableq.testing import wait_until
+
+from .conftest import HERE, child_env
+
+
+def test_available_now_drains_and_stops(spark, url: str, tmp_path: Path) -> None:
+    q = tableq.connect(url, migrate=True, retention=True)
+    q.send_many("a", [{"i": i} for i in range(95)])
+    q.send("a", {"i": "later"}, delay=3600)  # not due: not part of this run
+    src = (spark.readStream.format("tableq").option("url", url).option("topic", "a")
+           .option("maxRows", "20").option("retention", "true").load())
+    query = (src.select(F.get_json_object("payload", "$.i").cast("int").alias("i"), "lease")
+             .writeStream.format("memory").queryName("drained")
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(timeout=120)
+    assert not query.isActive, "AvailableNow did not stop"
+    rows = spark.table("drained").collect()
+    assert sorted(r.i for r in rows) == list(range(95))
+    assert len({r.lease for r in rows}) == 5  # 20+20+20+20+15, one lease per micro-batch
+    s = q.stats("a")[0]
+    assert (s.ready, s.in_flight, s.scheduled, s.done) == (0, 0, 1, 95)  # all acked, even the last
+    q.close()
+
+
+def test_max_rows_and_bad_stream_options(spark, tmp_path: Path) -> None:
+    from pyspark.errors import AnalysisException, PySparkException
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    tableq.connect(url, migrate=True).close()
+    with pytest.raises((AnalysisException, PySparkException), match="'maxRows': must be"):
+        spark.readStream.format("tableq").option("url", url).option("topic", "a") \
+            .option("maxRows", "lots").load()
+    with pytest.raises((AnalysisException, PySparkException), match="'topic': is required"):
+        spark.readStream.format("tableq").option("url", url).load()
+
+
+def _child(url: str, checkpoint: Path, mode: str, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(HERE / "_stream_child.py"), url, str(checkpoint), mode, "15"],
+            stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+
+
+@pytest.mark.slow
+def test_killed_and_restarted_query_is_exactly_once(url: str, tmp_path: Path) -> None:
+    n = 150
+    q = tableq.connect(url, migrate=True)
+    q.send_many("a", [{"i": i} for i in range(n)])
+    ck, log = tmp_path / "ck", tmp_path / "child.log"
+    child = _child(url, ck, "run", log)
+    try:
+        # Kill the driver (JVM, Python workers and all) once some batches have gone through.
+        wait_until(lambda: q.stats("b")[0].ready >= 45 or child.poll() is not None,
+                   timeout=180, interval=0.05)
+        assert child.poll() is None, log.read_text()[-3000:]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)  # its own session: only what this test started
+        child.wait()
+    moved = q.stats("b")[0].ready
+    assert moved < n, "the query finished before it was killed: nothing was tested"
+    drain = _child(url, ck, "drain", log)
+    assert drain.wait(timeout=240) == 0, log.read_text()[-3000:]
+    b = q.peek("b", limit=10_000)
+    got = [m.payload["i"] for m in b]
+    assert len(got) == n, f"{len(got)} messages in b for {n} sent (killed at {moved})"
+    assert sorted(got) == list(range(n)), "lost or duplicated messages"
+    a = q.stats("a")[0]
+    assert (a.ready, a.in_flight, a.scheduled) == (0, 0, 0)
+    q.close()
