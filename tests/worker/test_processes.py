@@ -140,3 +140,20 @@ def test_processes_mode_drains_in_burst(db_url, queue, tmp_path):
     assert len({i for i, _ in effects(fx)}) == 40
     assert queue.stats("work")[0].live == 0
     assert out.count("worker_started") == 2
+
+
+def test_process_mode_replaces_a_worker_whose_handler_timed_out(db_url, queue, tmp_path):
+    fx = tmp_path / "effects.txt"
+    queue.send("stuck", {})
+    log = tmp_path / "worker.log"
+    proc = start_worker_process(db_url, "effects_app:app", "--topic", "stuck",
+                                "--processes", "2", log=log, EFFECTS=str(fx))
+    try:
+        wait_until(lambda: [a for _, a in effects(fx)] == [1, 2], timeout=30)
+        wait_until(lambda: queue.stats("stuck")[0].live == 0, timeout=10)
+        wait_until(lambda: log.read_text().count("worker_started") >= 3, timeout=20)
+    finally:
+        code, out = stop(proc, log)
+    assert code == 0, out
+    assert "timed_out" in out and "restart=True" in out
+    assert queue.stats("stuck")[0].dead == 0

@@ -268,6 +268,28 @@ def test_leases_bounded_by_free_threads(make_app):
     assert peak["max"] == 3
 
 
+def test_threads_scale_with_backlog(make_app):
+    app = make_app()
+    gate = threading.Event()
+
+    @app.handler("scaled", concurrency=(1, 4))
+    def handle(message):
+        gate.wait(10)
+
+    worker = app.worker()
+    (lane,) = worker.lanes
+    try:
+        with running(worker):
+            assert lane.threads == 1  # the minimum, while idle
+            app.queue.send_many("scaled", list(range(10)))
+            wait_until(lambda: lane.running == 4, timeout=10)
+            assert lane.threads == 4
+            gate.set()
+            wait_until(lambda: app.queue.stats("scaled")[0].live == 0, timeout=15)
+    finally:
+        gate.set()
+
+
 def test_periodic_job_once_per_tick_with_three_workers(make_app):
     apps = [make_app() for _ in range(3)]
     ticks: list[str] = []
@@ -319,9 +341,43 @@ def test_notify_wakes_idle_worker(make_app, db_url):
     worker = app.worker()
     with running(worker):
         assert worker._waker is not None and worker._waker.listening
-        time.sleep(0.3)  # let the first empty poll pass so the worker is parked in its wait
+        wait_until(worker.waiting.is_set, timeout=5)  # parked in its idle wait
         sent_at = time.monotonic()
         app.queue.send("wake", {})
         wait_until(picked.is_set, timeout=5, interval=0.005)
         latency = time.monotonic() - sent_at
     assert latency < 1.0, latency
+
+
+def test_lost_listen_connection_falls_back_to_polling_then_reconnects(make_app, db_url,
+                                                                      caplog, monkeypatch):
+    if not db_url.startswith("postgres"):
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    import psycopg
+
+    from tableq.worker import poller
+
+    monkeypatch.setattr(poller, "LISTEN_RETRY_S", 0.2)
+    app = make_app(poll_interval_max=0.3)
+    picked: list[int] = []
+
+    @app.handler("w2")
+    def handle(message):
+        picked.append(message.payload)
+
+    schema = db_url.split("schema=")[1]
+    worker = app.worker()
+    with caplog.at_level("INFO", logger="tableq.worker"), running(worker):
+        wait_until(worker.waiting.is_set, timeout=5)
+        with psycopg.connect(db_url.split("?")[0], autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE query LIKE %s AND pid <> pg_backend_pid()",
+                (f'LISTEN "{schema}%',)).fetchone()[0]
+        assert killed == 1
+        app.queue.send("w2", 1)
+        wait_until(lambda: picked == [1], timeout=5)  # polling still delivers
+        wait_until(lambda: "listener_lost" in caplog.text, timeout=5)
+        wait_until(lambda: "listener_restored" in caplog.text, timeout=5)
+        assert worker.running.is_set() and worker._waker is not None
+        assert worker._waker.listening

@@ -96,6 +96,7 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
         code = supervisor.supervise(start, processes, burst=burst)
         ctx.exit(code)
     code = app.run_worker(list(topics) or None, concurrency, burst, prefetch=prefetch,
-                          grace_period=grace_period)
+                          grace_period=grace_period,
+                          exit_on_timeout=os.environ.get(CHILD_ENV) == "1")
     app.close()
     ctx.exit(code)

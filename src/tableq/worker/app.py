@@ -219,6 +219,7 @@ class App:
         prefetch: int | None = None,
         grace_period: float | None = None,
         periodic: bool = True,
+        exit_on_timeout: bool = False,
     ) -> Worker:
         """A Worker for these topics (default: all with handlers), not yet running: call
         .run() (blocks until .stop() or, with burst, until drained)."""
@@ -228,7 +229,7 @@ class App:
             concurrency=concurrency, burst=burst,
             prefetch=self.prefetch if prefetch is None else prefetch,
             grace_period_s=self.grace_period_s if grace_period is None else grace_period,
-            poll=self.poll, use_listener=self.use_notify)
+            poll=self.poll, use_listener=self.use_notify, exit_on_timeout=exit_on_timeout)
         jobs = list(self.periodic.values()) if periodic and not burst else []
         return Worker(self.queue, self._specs(topics), jobs, options)
 
@@ -242,6 +243,7 @@ class App:
         install_signals: bool = True,
         prefetch: int | None = None,
         grace_period: float | None = None,
+        exit_on_timeout: bool = False,
     ) -> int:
         """Runs handlers until SIGTERM/SIGINT (graceful: running handlers get the grace
         period, fetched-but-unstarted messages are released; a second signal exits at once)
@@ -265,13 +267,13 @@ class App:
             return supervisor.supervise(start, processes, burst=burst,
                                         install_signals=install_signals)
         worker = self.worker(topics, concurrency=concurrency, burst=burst, prefetch=prefetch,
-                             grace_period=grace_period)
+                             grace_period=grace_period, exit_on_timeout=exit_on_timeout)
         supervisor.run_foreground(worker, install_signals=install_signals)
-        return 0
+        return supervisor.EXIT_RESTART if worker.restart_requested else 0
 
     def _child_main(self, topics: Any, concurrency: Any, burst: bool, prefetch: Any,
                     grace_period: Any) -> None:
         code = self.run_worker(topics, concurrency, burst, prefetch=prefetch,
-                               grace_period=grace_period)
+                               grace_period=grace_period, exit_on_timeout=True)
         self.close()
         os._exit(code)

@@ -17,6 +17,7 @@ from tableq.worker import events
 POLL_INTERVAL_MIN_S = 0.01
 POLL_INTERVAL_MAX_S = 2.0
 LISTEN_SLICE_S = 0.25  # how long one listener wait may block a stop request
+LISTEN_RETRY_S = 5.0  # after losing the LISTEN connection, try a new one this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,9 @@ class Waker:
         self._topics = set(topics)
         self._event = threading.Event()
         self._listener: Any = None
-        self.notified: set[str] = set()
+        self._queue = queue
+        self._use_listener = use_listener
+        self._retry_at: float | None = None
         if use_listener:
             self._listener = _open_listener(queue)
 
@@ -67,6 +70,13 @@ class Waker:
         """Sleeps up to timeout_s; returns our topics that were notified (maybe empty)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         hits: set[str] = set()
+        if self._retry_at is not None and time.monotonic() >= self._retry_at:
+            self._retry_at = None
+            self._listener = _open_listener(self._queue)
+            if self._listener is None:
+                self._retry_at = time.monotonic() + LISTEN_RETRY_S
+            else:
+                events.emit("listener_restored")
         while True:
             left = deadline - time.monotonic()
             if self._event.is_set() or left <= 0:
@@ -76,10 +86,12 @@ class Waker:
                 continue
             try:
                 got = self._listener.wait(min(left, LISTEN_SLICE_S))
-            except TableqError as exc:
+            except Exception as exc:  # noqa: BLE001 - a hint source may fail in any way
                 # A dead LISTEN connection must not stop the worker: fall back to polling.
-                events.emit("listener_lost", 30, error=str(exc).splitlines()[0])
+                events.emit("listener_lost", 30, error=str(exc).splitlines()[0],
+                            retry_in_s=LISTEN_RETRY_S)
                 self._close_listener()
+                self._retry_at = time.monotonic() + LISTEN_RETRY_S
                 continue
             hits = {t for t in got if t in self._topics}
             if hits:

@@ -59,6 +59,9 @@ class WorkerOptions:
     grace_period_s: float = 30.0
     poll: PollPolicy = PollPolicy()
     use_listener: bool = True
+    # Process mode: a handler thread that timed out cannot be killed, so the process stops
+    # (gracefully) after it and its supervisor starts a fresh one.
+    exit_on_timeout: bool = False
 
 
 class _Tracker:
@@ -278,6 +281,8 @@ class Worker:
         self.stats = collections.Counter[str]()
         self._stats_lock = threading.Lock()
         self.running = threading.Event()
+        self.waiting = threading.Event()  # set while parked waiting for work (tests, demos)
+        self.restart_requested = False
 
     # --- control ------------------------------------------------------------------------------
 
@@ -347,7 +352,11 @@ class Worker:
                 continue
             delay = self.options.poll.next_delay(delay, False)
             events.emit(events.IDLE, logging.DEBUG, wait_s=round(delay, 3))
-            hits = self._waker.wait(min(delay, self.scheduler.seconds_until_check()))
+            self.waiting.set()
+            try:
+                hits = self._waker.wait(min(delay, self.scheduler.seconds_until_check()))
+            finally:
+                self.waiting.clear()
             if hits:
                 delay = 0.0
 
@@ -467,7 +476,11 @@ class Worker:
             return False
         if outcome.status == "timeout":
             self._count("timed_out")
-            events.emit(events.TIMED_OUT, logging.WARNING, **fields, timeout_s=spec.timeout_s)
+            events.emit(events.TIMED_OUT, logging.WARNING, **fields, timeout_s=spec.timeout_s,
+                        restart=self.options.exit_on_timeout or None)
+            if self.options.exit_on_timeout:
+                self.restart_requested = True
+                self.stop()
         decision = decide(succeeded=outcome.ok, attempts=msg.attempts,
                           max_attempts=self.queue._max_attempts(msg.topic, spec.max_attempts),
                           backoff=spec.retry, error=outcome.error, rng=self._rng)

@@ -15,6 +15,7 @@ from tableq.worker import events
 from tableq.worker.runner import Worker
 
 EXIT_AT_ONCE = 130  # what a second signal exits with (128 + SIGINT, by shell convention)
+EXIT_RESTART = 75  # a child asks to be replaced (a handler thread timed out and still runs)
 RESTART_DELAY_MAX_S = 10.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -158,7 +159,8 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
                 if stopping.is_set() or (burst and code == 0):
                     worst = max(worst, abs(code))
                     continue
-                fails[i] = fails[i] + 1 if now - started[i] < 5.0 else 0
+                fast = now - started[i] < 5.0 and code != EXIT_RESTART
+                fails[i] = fails[i] + 1 if fast else 0
                 delay = min(RESTART_DELAY_MAX_S, 0.5 * 2 ** fails[i]) if fails[i] else 0.0
                 events.emit("child_exited", 30, pid=c.pid, code=code, restart_in_s=delay)
                 restart_at[i] = now + delay

@@ -31,3 +31,10 @@ def work(message) -> None:
 @app.handler("tick")
 def tick(message) -> None:
     _effect(message)
+
+
+@app.handler("stuck", timeout=0.3, max_attempts=2)
+def stuck(message) -> None:
+    _effect(message)
+    if message.attempts == 1:
+        time.sleep(30)  # hangs past its timeout; only a new process gets rid of it
