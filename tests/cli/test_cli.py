@@ -48,6 +48,10 @@ def test_send_stats_peek_receive_purge(db_url):
     assert r.returncode == 0, r.stderr
     assert "sent 2501 messages to emails: 2501 new" in r.stdout
 
+    r = tq(db_url, "send", "emails", "-", stdin='{"n": 1}\n{"n": 2}\nnot json\n')
+    assert r.returncode == 1 and "line 3 of stdin is not JSON" in r.stderr
+    assert "Traceback" not in r.stderr
+
     r = tq(db_url, "send", "later", '"x"', "--delay", "3600")
     assert r.returncode == 0
 
@@ -120,6 +124,7 @@ def test_url_from_environment(db_url):
     (("receive", "t", "--max", "0"), 2, "--max"),
     (("worker", "no_such_module_xyz:app"), 2, "cannot import module"),
     (("worker", "effects_app:nothing"), 2, "has no attribute"),
+    (("worker", "broken_app:app"), 1, "RuntimeError: this module is broken on purpose"),
     (("dead", "requeue", "t", "--id", "x"), 2, "--id"),
 ])
 def test_user_errors_are_one_line_without_traceback(tmp_path, args, code, needle):

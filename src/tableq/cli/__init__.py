@@ -23,8 +23,10 @@ _state = {"debug": False}
 class Context:
     """What every command gets through click's context: the URL and a lazily opened Queue."""
 
-    def __init__(self, url: str, url_given: bool, debug: bool) -> None:
-        self.url, self.url_given, self.debug = url, url_given, debug
+    def __init__(self, url: str, url_source: str | None, debug: bool) -> None:
+        self.url, self.url_source, self.debug = url, url_source, debug
+        # Given on the command line or in $TABLEQ_URL (not the built-in default).
+        self.url_given = url_source in ("COMMANDLINE", "ENVIRONMENT")
         self._queue: Any = None
 
     def queue(self, *, migrate: bool = False) -> Any:
@@ -58,8 +60,7 @@ def cli(ctx: click.Context, url: str, debug: bool) -> None:
     """tableq: a durable message and job queue in an ordinary SQL table."""
     _state["debug"] = debug
     source = ctx.get_parameter_source("url")
-    given = source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
-    obj = Context(url, given, debug)
+    obj = Context(url, source.name if source is not None else None, debug)
     ctx.obj = obj
     ctx.call_on_close(obj.close)
     if debug:
@@ -129,6 +130,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo("Interrupted.", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
+        sys.exit(EXIT_ERROR)
+    except Exception as exc:  # a bug, ours or in user code: one line unless --debug
+        if _state["debug"]:
+            raise
+        click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for "
+                   "the traceback)", err=True)
         sys.exit(EXIT_ERROR)
     sys.exit(result if isinstance(result, int) else 0)
 

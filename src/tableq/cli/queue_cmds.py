@@ -12,7 +12,7 @@ import click
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tableq.cli import output
-from tableq.errors import InvalidArgument
+from tableq.errors import TableqError
 
 SEND_BATCH = 1000
 
@@ -95,10 +95,11 @@ def send(topic: str, payload: str | None, key: str | None, kind: str | None,
                 if len(batch) >= SEND_BATCH:
                     flush()
             flush()
-    except (click.BadParameter, InvalidArgument) as exc:
+    except (click.BadParameter, TableqError) as exc:
         done = sum(counts.values())
-        raise click.ClickException(f"{exc.format_message() if hasattr(exc, 'format_message') else exc}"
-                                   f" ({done} messages before it were sent)") from None
+        text = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        raise click.ClickException(f"{text} ({done} messages before it were sent; nothing "
+                                   "of the failing batch)") from None
     total = sum(counts.values())
     output.stdout.print(f"sent {total} messages to {topic}: {counts['sent']} new, "
                         f"{counts['duplicate']} duplicate, {counts['replaced']} replaced")

@@ -34,7 +34,15 @@ def load_app(spec: str) -> Any:
             raise click.BadParameter(
                 f"cannot import module {module_name!r} (run from the directory that contains "
                 "it, or set PYTHONPATH)") from None
-        raise
+        if click.get_current_context().obj.debug:
+            raise
+        raise click.ClickException(f"importing {module_name!r} failed: {exc}") from None
+    except Exception as exc:  # the user's module is broken: say where, briefly
+        if click.get_current_context().obj.debug:
+            raise
+        raise click.ClickException(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc} (rerun with "
+            "--debug for the traceback)") from None
     obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
@@ -76,8 +84,9 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
         try:
             app.use_url(obj.url)
         except ConfigurationError:
-            raise click.UsageError("--url cannot override an App built with queue=; drop "
-                                   "--url or build the App from a URL") from None
+            if obj.url_source == "COMMANDLINE":
+                raise click.UsageError("--url cannot override an App built with queue=; drop "
+                                       "--url or build the App from a URL") from None
     if processes > 1:
         from tableq.worker import supervisor
 
