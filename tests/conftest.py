@@ -109,3 +109,4 @@ def q(db_url: str) -> Iterator[tableq.Queue]:
         yield queue
     finally:
         queue.close()
+

@@ -47,10 +47,12 @@ def codec_for_model(model: Any) -> Codec:
 
 
 class KindRegistry:
-    """Kinds known to one Queue. Unregistered kinds are refused on send."""
+    """Kinds known to one Queue. With strict=True (the default) unregistered kinds are refused
+    on send; with strict=False they pass unvalidated."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, strict: bool = True) -> None:
         self._codecs: dict[str, Codec] = {}
+        self.strict = strict
 
     def register(
         self,
@@ -73,12 +75,13 @@ class KindRegistry:
     def encode(self, kind: str | None, payload: Any, limit: int) -> Encoded:
         if kind is not None:
             codec = self._codecs.get(kind)
-            if codec is None:
+            if codec is None and self.strict:
                 raise UnknownKind(kind, self.names())
-            try:
-                payload = codec.encode(payload)
-            except Exception as exc:  # a user's validator may raise anything
-                raise PayloadInvalid(f"{type(exc).__name__}: {exc}", kind) from exc
+            if codec is not None:
+                try:
+                    payload = codec.encode(payload)
+                except Exception as exc:  # a user's validator may raise anything
+                    raise PayloadInvalid(f"{type(exc).__name__}: {exc}", kind) from exc
         return encode_payload(payload, limit, kind)
 
     def decode(self, kind: str | None, payload: Any) -> Any:

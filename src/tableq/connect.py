@@ -38,13 +38,16 @@ def connect(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     visibility_timeout: float | timedelta = DEFAULT_VISIBILITY_TIMEOUT_S,
     retention: bool = False,
+    strict_kinds: bool = True,
     **backend_options: Any,
 ) -> Queue:
     """Opens the queue database at `url`: sqlite:///path.db (the default, embedded),
     postgresql://user@host/db (?schema=name, default tableq) or mysql://user@host/db
     (?prefix=name_, default tableq_). `migrate=True` creates or upgrades the tables first.
     `retention=True` keeps acked messages in the archive table (for reports and the Spark
-    archive pipeline). Backend options: SQLite `synchronous` ("FULL" default, or "NORMAL");
+    archive pipeline). `strict_kinds=False` lets messages carry kinds this process has not
+    registered (they pass unvalidated); by default an unregistered kind is refused. Backend
+    options: SQLite `synchronous` ("FULL" default, or "NORMAL");
     PostgreSQL and MySQL `pool_size`."""
     queue = Queue(
         open_backend(parse_url(url), **backend_options),
@@ -52,6 +55,7 @@ def connect(
         max_attempts=max_attempts,
         visibility_timeout=visibility_timeout,
         retention=retention,
+        strict_kinds=strict_kinds,
     )
     if migrate:
         try:

@@ -77,13 +77,14 @@ class Queue:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         visibility_timeout: float | timedelta = DEFAULT_VISIBILITY_TIMEOUT_S,
         retention: bool = False,
+        strict_kinds: bool = True,
     ) -> None:
         self.backend = backend
         self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
         self.max_attempts = _positive_int("max_attempts", max_attempts)
         self.visibility_timeout_s = seconds("visibility_timeout", visibility_timeout, 30.0)
         self.retention = bool(retention)
-        self.kinds = KindRegistry()
+        self.kinds = KindRegistry(strict=strict_kinds)
         self._topic_max_attempts: dict[str, int] = {}
 
     # --- lifecycle --------------------------------------------------------------------------

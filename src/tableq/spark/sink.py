@@ -81,6 +81,8 @@ def check_write_schema(schema: StructType) -> tuple[tuple[str, DataType], ...]:
         raise ColumnError("available_at", "give either delay_s or available_at, not both")
     expected: dict[str, tuple[tuple[type, ...], str]] = {
         "payload": (PAYLOAD_TYPES, "string, binary, number, boolean, struct, map or array"),
+        # As the source reads them: a non-null payload_bytes wins over payload for its row.
+        "payload_bytes": ((BinaryType,), "binary"),
         "topic": ((StringType,), "string"),
         "key": ((StringType,), "string"),
         "kind": ((StringType,), "string"),
@@ -172,8 +174,12 @@ class RowMapper:
         payload = _payload_converter(types["payload"], self.opts.payload_format)
         out: dict[str, list[dict[str, Any]]] = {}
         topics = cols.get("topic")
+        raw = cols.get("payload_bytes")
         for i in range(n):
-            item: dict[str, Any] = {"payload": payload(cols["payload"][i])}
+            if raw is not None and raw[i] is not None:
+                item: dict[str, Any] = {"payload": bytes(raw[i])}
+            else:
+                item = {"payload": payload(cols["payload"][i])}
             if "key" in cols:
                 item["key"] = cols["key"][i]
             if "kind" in cols and cols["kind"][i] is not None:

@@ -280,7 +280,8 @@ class MySQLBackend(Backend):
         params = self._params(m)
         if on_duplicate == "error":
             try:
-                cur.execute(self.Q.message_insert_strict, params)
+                with map_errors(self.where):
+                    cur.execute(self.Q.message_insert_strict, params)
             except UniqueViolation:
                 found = self._one(cur, self.Q.message_find_key, params)
                 raise DuplicateMessage(m.topic, m.key, found["id"] if found else None) from None
@@ -475,8 +476,11 @@ class MySQLBackend(Backend):
             n = 0
             if parts:
                 p = {"job": job, "parts": tuple(parts)}
-                n = int(self._one(cur, self.Q.stage_count, p)["n"])  # type: ignore[index]
-                cur.execute(query, p)
+                if on_duplicate == "replace":  # rowcount counts an updated row twice
+                    n = int(self._one(cur, self.Q.stage_count, p)["n"])  # type: ignore[index]
+                    cur.execute(query, p)
+                else:  # inserted rows count 1, dropped duplicates 0
+                    n = cur.execute(query, p)
             cur.execute(self.Q.stage_delete_job, {"job": job})
             cur.execute(self.Q.load_job_finish, {"job": job, "state": "committed", "rows": n})
             return n

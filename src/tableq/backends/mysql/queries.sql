@@ -258,7 +258,7 @@ DELETE FROM {p}stage WHERE job = %(job)s;
 
 -- name: stage_stale_jobs :many
 SELECT job FROM {p}load_job
-WHERE state = 'open' AND created_at < NOW(6) - INTERVAL %(older_than_us)s MICROSECOND;
+WHERE state = 'open' AND created_at <= NOW(6) - INTERVAL %(older_than_us)s MICROSECOND;
 
 -- name: history_bounds_dead :one
 SELECT MIN(id) AS lo, MAX(id) AS hi FROM {p}dead WHERE (%(topic)s IS NULL OR topic = %(topic)s);

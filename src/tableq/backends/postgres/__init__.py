@@ -233,7 +233,8 @@ class PostgresBackend(Backend):
             for _ in range(5):  # a duplicate that vanished before we could read it: insert again
                 batch = [rows[i] for i in pending]
                 try:
-                    got = cur.execute(query, _arrays(batch)).fetchall()
+                    with map_errors(self.where):
+                        got = cur.execute(query, _arrays(batch)).fetchall()
                 except UniqueViolation:
                     raise self._duplicate(cur, batch, conn) from None
                 keyed = {r["key"]: r for r in got if r["key"] is not None}

@@ -1,6 +1,7 @@
 -- tableq named queries for PostgreSQL (psycopg %(name)s parameters; {schema} is tableq's
--- schema). Times come from the server: clock_timestamp() where a long transaction must not
--- see a stale "now" (claims, leases), statement_timestamp() for sends.
+-- schema). Times come from the server clock: statement_timestamp(), stable within a statement
+-- (so index range scans can use it) and fresh in every statement of a long transaction,
+-- unlike now(), which is frozen at transaction start.
 
 -- name: server_version :one
 SELECT current_setting('server_version_num')::int AS version;
@@ -15,7 +16,7 @@ SELECT pg_advisory_xact_lock(hashtext('tableq.migrate.' || %(schema)s));
 -- name: migration_create :exec
 CREATE TABLE IF NOT EXISTS {schema}.migration (
     version integer PRIMARY KEY, name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    applied_at timestamptz NOT NULL DEFAULT statement_timestamp()
 );
 
 -- name: migration_versions :many
@@ -25,7 +26,7 @@ SELECT version FROM {schema}.migration ORDER BY version;
 INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: clock_now :one
-SELECT clock_timestamp() AS now;
+SELECT statement_timestamp() AS now;
 
 -- name: listen :exec
 LISTEN {channel};
@@ -92,7 +93,7 @@ JOIN unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
 -- LEFT JOIN returns one row even when nothing was leased, to carry the buried count.
 WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
-    WHERE topic = %(topic)s AND available_at <= clock_timestamp() /*filter*/
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp() /*filter*/
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -107,14 +108,14 @@ WITH due AS (
     SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
            created_at, first_available_at, received_at,
            COALESCE(last_error, 'received ' || attempts || ' times without an ack'),
-           clock_timestamp()
+           statement_timestamp()
     FROM spent
     RETURNING 1
 ), leased AS (
     UPDATE {schema}.message m
     SET lease = COALESCE(%(lease)s::text, gen_random_uuid()::text), attempts = m.attempts + 1,
-        received_at = clock_timestamp(),
-        available_at = clock_timestamp() + make_interval(secs => %(vt)s)
+        received_at = statement_timestamp(),
+        available_at = statement_timestamp() + make_interval(secs => %(vt)s)
     FROM due
     WHERE m.id = due.id AND due.attempts < %(max_attempts)s
     RETURNING m.*, due.priority AS due_priority, due.available_at AS due_at
@@ -126,7 +127,7 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 -- name: message_take :many
 WITH due AS (
     SELECT id FROM {schema}.message
-    WHERE topic = %(topic)s AND available_at <= clock_timestamp() /*filter*/
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp() /*filter*/
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -150,21 +151,21 @@ WITH gone AS (
 INSERT INTO {schema}.done (id, topic, key, kind, payload, payload_bytes, headers, priority,
                            attempts, created_at, first_available_at, received_at, done_at, lease)
 SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
-       first_available_at, received_at, clock_timestamp(), lease
+       first_available_at, received_at, statement_timestamp(), lease
 FROM gone
 RETURNING id;
 
 -- name: message_release :one
 UPDATE {schema}.message
 SET lease = NULL, attempts = attempts - %(refund)s,
-    available_at = clock_timestamp() + make_interval(secs => %(delay_s)s),
+    available_at = statement_timestamp() + make_interval(secs => %(delay_s)s),
     last_error = COALESCE(%(error)s, last_error)
 WHERE id = %(id)s AND lease = %(lease)s
 RETURNING id;
 
 -- name: message_extend :one
 UPDATE {schema}.message
-SET available_at = clock_timestamp() + make_interval(secs => %(extend_s)s),
+SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s),
     progress = COALESCE(%(progress)s::jsonb, progress)
 WHERE id = %(id)s AND lease = %(lease)s
 RETURNING available_at;
@@ -176,7 +177,7 @@ WITH gone AS (
 INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
                            attempts, created_at, first_available_at, received_at, error, dead_at)
 SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
-       first_available_at, received_at, %(error)s, clock_timestamp()
+       first_available_at, received_at, %(error)s, statement_timestamp()
 FROM gone
 RETURNING id;
 
@@ -197,7 +198,7 @@ SELECT topic,
        count(*) FILTER (WHERE available_at > t.now AND lease IS NOT NULL) AS in_flight,
        extract(epoch FROM t.now - min(available_at) FILTER (WHERE available_at <= t.now))
            AS oldest_ready_age
-FROM {schema}.message, (SELECT clock_timestamp() AS now) t
+FROM {schema}.message, (SELECT statement_timestamp() AS now) t
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s)
 GROUP BY topic, t.now;
 
@@ -222,7 +223,7 @@ WITH moved AS (
                                   priority, attempts, created_at, available_at,
                                   first_available_at, last_error)
     SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, 0, created_at,
-           clock_timestamp(), clock_timestamp(), error
+           statement_timestamp(), statement_timestamp(), error
     FROM {schema}.dead
     WHERE topic = %(topic)s AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY id
@@ -249,11 +250,11 @@ WITH gone AS (
 INSERT INTO {schema}.done (id, topic, key, kind, payload, payload_bytes, headers, priority,
                            attempts, created_at, first_available_at, received_at, done_at, lease)
 SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
-       first_available_at, received_at, clock_timestamp(), lease
+       first_available_at, received_at, statement_timestamp(), lease
 FROM gone;
 
 -- name: lease_extend :exec
-UPDATE {schema}.message SET available_at = clock_timestamp() + make_interval(secs => %(extend_s)s)
+UPDATE {schema}.message SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
 WHERE topic = %(topic)s AND lease = %(lease)s;
 
 -- name: stage_copy :copy
@@ -261,12 +262,12 @@ COPY {schema}.stage (job, part, topic, key, kind, payload, payload_bytes, header
                      delay_s, at) FROM STDIN;
 
 -- name: load_job_open :exec
-INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', clock_timestamp())
+INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', statement_timestamp())
 ON CONFLICT (job) DO NOTHING;
 
 -- name: load_job_lock :one
 -- Takes the job's row lock, so two commits of one job run one after the other.
-INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', clock_timestamp())
+INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', statement_timestamp())
 ON CONFLICT (job) DO UPDATE SET job = EXCLUDED.job
 RETURNING state;
 
@@ -274,7 +275,7 @@ RETURNING state;
 SELECT state FROM {schema}.load_job WHERE job = %(job)s;
 
 -- name: load_job_finish :exec
-UPDATE {schema}.load_job SET state = %(state)s, finished_at = clock_timestamp(), rows = %(rows)s
+UPDATE {schema}.load_job SET state = %(state)s, finished_at = statement_timestamp(), rows = %(rows)s
 WHERE job = %(job)s;
 
 -- name: stage_publish :exec
@@ -307,7 +308,7 @@ DELETE FROM {schema}.stage WHERE job = %(job)s;
 
 -- name: stage_stale_jobs :many
 SELECT job FROM {schema}.load_job
-WHERE state = 'open' AND created_at < clock_timestamp() - make_interval(secs => %(older_than_s)s);
+WHERE state = 'open' AND created_at <= statement_timestamp() - make_interval(secs => %(older_than_s)s);
 
 -- name: history_bounds_dead :one
 SELECT min(id) AS lo, max(id) AS hi FROM {schema}.dead

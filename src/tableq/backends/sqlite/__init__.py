@@ -30,6 +30,9 @@ from tableq.errors import DuplicateMessage, InvalidArgument
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
+# busy_timeout already waits for the lock inside SQLite; a few retries cover the cases where
+# SQLite reports SQLITE_BUSY without waiting (e.g. a WAL snapshot that moved on).
+SQLITE_RETRIES = 3
 SYNCHRONOUS = {"FULL": "FULL", "NORMAL": "NORMAL", "EXTRA": "EXTRA"}
 
 
@@ -79,7 +82,7 @@ class SQLiteBackend(Backend):
     dialect = "sqlite"
 
     def __init__(self, url: DatabaseURL, *, synchronous: str = "FULL",
-                 busy_timeout_s: float = 30.0) -> None:
+                 busy_timeout_s: float = 10.0) -> None:
         sync = SYNCHRONOUS.get(str(synchronous).upper())
         if sync is None:
             raise InvalidArgument("synchronous must be FULL, NORMAL or EXTRA")
@@ -103,13 +106,21 @@ class SQLiteBackend(Backend):
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self.synchronous}")
                 return conn
-        return retrying(open_)
+        return retrying(open_, attempts=SQLITE_RETRIES)
 
-    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _read(self, fn: Callable[[sqlite3.Connection], T], *, snapshot: bool = False) -> T:
+        """Runs fn outside any write lock; snapshot=True wraps it in one read transaction so
+        several statements see the same state."""
         def attempt() -> T:
             with self.pool.connection() as conn, map_errors(self.where):
-                return fn(conn)
-        return retrying(attempt)
+                if not snapshot:
+                    return fn(conn)
+                conn.execute(self.Q.tx_begin_read)
+                try:
+                    return fn(conn)
+                finally:
+                    conn.execute(self.Q.tx_commit)
+        return retrying(attempt, attempts=SQLITE_RETRIES)
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], conn: Any = None) -> T:
         if conn is not None:  # the caller's transaction: no BEGIN, no COMMIT, no retry
@@ -118,31 +129,31 @@ class SQLiteBackend(Backend):
 
         def attempt() -> T:
             with self.pool.connection() as c, map_errors(self.where):
-                c.execute("BEGIN IMMEDIATE")
+                c.execute(self.Q.tx_begin_write)
                 try:
                     result = fn(c)
-                    c.execute("COMMIT")
+                    c.execute(self.Q.tx_commit)
                     return result
                 except BaseException:
                     if c.in_transaction:
-                        c.execute("ROLLBACK")
+                        c.execute(self.Q.tx_rollback)
                     raise
-        return retrying(attempt)
+        return retrying(attempt, attempts=SQLITE_RETRIES)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self.pool.connection() as conn:
             with map_errors(self.where):
-                retrying(lambda: conn.execute("BEGIN IMMEDIATE"))
+                retrying(lambda: conn.execute(self.Q.tx_begin_write), attempts=SQLITE_RETRIES)
             try:
                 yield conn
             except BaseException:
                 with map_errors(self.where):
                     if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                        conn.execute(self.Q.tx_rollback)
                 raise
             with map_errors(self.where):
-                conn.execute("COMMIT")
+                conn.execute(self.Q.tx_commit)
 
     def check_connection(self, conn: Any) -> None:
         if not isinstance(conn, sqlite3.Connection):
@@ -324,7 +335,7 @@ class SQLiteBackend(Backend):
             done = {r[0]: r[1] for r in c.execute(self.Q.done_stats, p)}
             return merge_stats(live, dead, done)
         # One read transaction so the three counts agree with each other.
-        return self._write(run)
+        return self._read(run, snapshot=True)
 
     def purge(self, topic: str) -> int:
         return self._write(lambda c: c.execute(self.Q.message_purge, {"topic": topic}).rowcount)

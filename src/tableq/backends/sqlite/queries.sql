@@ -4,6 +4,20 @@
 -- No SKIP LOCKED: SQLite has one writer at a time, and every writing transaction here starts
 -- with BEGIN IMMEDIATE, so nobody else holds these rows.
 
+-- name: tx_begin_write :exec
+-- Takes the write lock up front: a deferred transaction that reads and then writes can fail
+-- at once with SQLITE_BUSY_SNAPSHOT, without waiting for busy_timeout.
+BEGIN IMMEDIATE;
+
+-- name: tx_begin_read :exec
+BEGIN;
+
+-- name: tx_commit :exec
+COMMIT;
+
+-- name: tx_rollback :exec
+ROLLBACK;
+
 -- name: migration_create :exec
 CREATE TABLE IF NOT EXISTS {p}migration (
     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL
@@ -228,7 +242,7 @@ DELETE FROM {p}stage WHERE job = :job;
 
 -- name: stage_stale_jobs :many
 SELECT job FROM {p}load_job
-WHERE state = 'open' AND created_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than_s;
+WHERE state = 'open' AND created_at <= (julianday('now') - 2440587.5) * 86400.0 - :older_than_s;
 
 -- name: history_bounds_dead :one
 SELECT min(id) AS lo, max(id) AS hi FROM {p}dead WHERE (:topic IS NULL OR topic = :topic);

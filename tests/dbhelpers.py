@@ -1,0 +1,27 @@
+"""Helpers for tests that need the backend's own driver, as an application would."""
+
+from __future__ import annotations
+
+import tableq.url
+
+
+def _conninfo_pg(url: str) -> str:
+    return url.split("?", 1)[0].replace("postgresql+psycopg://", "postgresql://")
+
+
+def driver_connection(url: str):  # type: ignore[no-untyped-def]
+    """A plain DB-API connection of the backend's own driver to the same database, as an
+    application would hold one (for outbox tests). Not autocommit."""
+    u = tableq.url.parse_url(url)
+    if u.dialect == "sqlite":
+        import sqlite3
+
+        return sqlite3.connect(u.database, timeout=30)
+    if u.dialect == "postgres":
+        import psycopg
+
+        return psycopg.connect(_conninfo_pg(url))
+    import pymysql
+
+    return pymysql.connect(host=u.host, port=u.port or 3306, user=u.user or "root",
+                           password=u.password or "", database=u.database, autocommit=False)

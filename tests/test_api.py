@@ -1,0 +1,495 @@
+"""Public-API semantics, the same test on SQLite, PostgreSQL and MariaDB (the `q` fixture)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import tableq
+from tableq import DuplicateMessage, InvalidArgument, LeaseLost, PayloadTooLarge, UnknownKind
+from tableq.testing import wait_until
+
+from dbhelpers import driver_connection
+
+
+def test_send_receive_ack_roundtrip(q: tableq.Queue) -> None:
+    sent = q.send("emails", {"to": "a@example.com", "n": 1}, headers={"trace": "t1"})
+    assert sent.status == "sent" and sent.id > 0
+    (msg,) = q.receive("emails")
+    assert msg.id == sent.id and msg.topic == "emails"
+    assert msg.payload == {"to": "a@example.com", "n": 1}
+    assert msg.headers == {"trace": "t1"}
+    assert msg.attempts == 1 and msg.lease
+    assert msg.created_at.tzinfo is not None and msg.lease_expires_at > msg.created_at
+    assert q.receive("emails") == []  # hidden while leased
+    msg.ack()
+    assert q.stats("emails")[0].live == 0
+    with pytest.raises(LeaseLost):
+        msg.ack()  # already gone: a second ack changes nothing and says so
+
+
+def test_payload_kinds_roundtrip(q: tableq.Queue) -> None:
+    values = [None, True, 3, 2.5, "text ünïcode ✓", [1, [2]], {"a": {"b": None}}, b"\x00\xffraw"]
+    for v in values:
+        q.send("p", v)
+    got = [m.payload for m in q.receive("p", max=20)]
+    assert got == values
+    assert isinstance(got[-1], bytes)
+
+
+def test_fifo_within_priority_and_priority_first(q: tableq.Queue) -> None:
+    q.send("t", "low-1", priority=0)
+    q.send("t", "high", priority=10)
+    q.send("t", "low-2", priority=0)
+    q.send("t", "neg", priority=-5)
+    assert [m.payload for m in q.receive("t", max=10)] == ["high", "low-1", "low-2", "neg"]
+
+
+def test_delay_and_at_schedule_delivery(q: tableq.Queue) -> None:
+    q.send("d", "later", delay=0.6)
+    q.send("d", "much later", at=datetime.now(UTC) + timedelta(hours=1))
+    q.send("d", "tomorrow", delay=timedelta(days=1))
+    s = q.stats("d")[0]
+    assert (s.ready, s.scheduled) == (0, 3)
+    assert q.receive("d") == []
+    msgs = wait_until(lambda: q.receive("d"), timeout=10)
+    assert [m.payload for m in msgs] == ["later"]
+    assert msgs[0].first_available_at >= msgs[0].created_at + timedelta(seconds=0.5)
+
+
+def test_nack_with_delay_and_error(q: tableq.Queue) -> None:
+    q.send("n", "job")
+    (m,) = q.receive("n")
+    m.nack(delay=30, error="smtp down")
+    s = q.stats("n")[0]
+    assert (s.ready, s.scheduled, s.in_flight) == (0, 1, 0)
+    (peeked,) = q.peek("n")
+    assert peeked.last_error == "smtp down" and peeked.attempts == 1
+    with pytest.raises(LeaseLost):
+        m.nack()  # the lease is gone after the first nack
+
+
+def test_release_does_not_charge_the_attempt(q: tableq.Queue) -> None:
+    q.send("r", "job")
+    (m,) = q.receive("r")
+    q.release(m)
+    (again,) = q.receive("r")
+    assert again.attempts == 1
+
+
+def test_lease_expiry_redelivers_and_fences_the_old_holder(q: tableq.Queue) -> None:
+    q.send("l", "job")
+    (first,) = q.receive("l", visibility_timeout=0.3)
+    (second,) = wait_until(lambda: q.receive("l", visibility_timeout=30), timeout=10)
+    assert second.id == first.id and second.lease != first.lease and second.attempts == 2
+    for action in (first.ack, first.nack, first.heartbeat, lambda: first.dead_letter("x")):
+        with pytest.raises(LeaseLost) as err:
+            action()
+        assert "heartbeat" in str(err.value)
+    assert q.stats("l")[0].in_flight == 1  # the stale calls changed nothing
+    second.ack()
+    assert q.stats("l")[0].live == 0
+
+
+def test_ack_after_expiry_but_before_redelivery_still_succeeds(q: tableq.Queue) -> None:
+    q.send("l2", "job")
+    (m,) = q.receive("l2", visibility_timeout=0.1)
+    wait_until(lambda: q.stats("l2")[0].ready == 1, timeout=5)
+    m.ack()  # nobody took it: the lease token still matches (as SQS allows)
+    assert q.stats("l2")[0].live == 0
+
+
+def test_heartbeat_extends_lease_and_saves_progress(q: tableq.Queue) -> None:
+    q.send("h", "job")
+    (m,) = q.receive("h", visibility_timeout=1)
+    m2 = m.heartbeat(extend=60, progress={"done": 3})
+    assert m2.lease_expires_at > m.lease_expires_at + timedelta(seconds=50)
+    assert q.peek("h")[0].progress == {"done": 3}
+    m2.ack()
+
+
+def test_max_attempts_dead_letters_with_last_error(q: tableq.Queue) -> None:
+    q.send("poison", {"bad": True})
+    for attempt in range(1, 4):
+        (m,) = q.receive("poison", max_attempts=3)
+        assert m.attempts == attempt
+        m.nack(error=f"failure {attempt}")
+    assert q.receive("poison", max_attempts=3) == []
+    s = q.stats("poison")[0]
+    assert (s.live, s.dead) == (0, 1)
+    (dead,) = q.dead_letters("poison")
+    assert dead.error == "failure 3" and dead.attempts == 3 and dead.payload == {"bad": True}
+
+
+def test_dead_lettering_does_not_starve_the_receive(q: tableq.Queue) -> None:
+    q.configure_topic("mix", max_attempts=1)
+    q.send("mix", "poison", priority=5)
+    (m,) = q.receive("mix")
+    m.nack()
+    q.send("mix", "good")
+    assert [x.payload for x in q.receive("mix")] == ["good"]  # poison buried on the way
+    assert q.stats("mix")[0].dead == 1
+
+
+def test_explicit_dead_letter_requeue_and_purge(q: tableq.Queue) -> None:
+    ids = [q.send("dl", i).id for i in range(3)]
+    for m in q.receive("dl", max=3):
+        m.dead_letter(f"bad {m.payload}")
+    assert [d.id for d in q.dead_letters("dl")] == ids
+    assert q.requeue_dead("dl", ids=[ids[0]]) == 1
+    (back,) = q.receive("dl")
+    assert back.id == ids[0] and back.attempts == 1 and back.last_error == "bad 0"
+    back.ack()
+    assert q.purge_dead("dl", ids=[ids[1]]) == 1
+    assert q.requeue_dead("dl") == 1
+    assert q.purge_dead("dl") == 0 and q.stats("dl")[0].dead == 0
+
+
+def test_requeue_dead_keeps_a_dead_letter_whose_key_is_live_again(q: tableq.Queue) -> None:
+    q.send("dk", 1, key="k")
+    (m,) = q.receive("dk")
+    m.dead_letter("x")
+    q.send("dk", 2, key="k")
+    assert q.requeue_dead("dk") == 0
+    assert len(q.dead_letters("dk")) == 1
+
+
+def test_on_duplicate_modes(q: tableq.Queue) -> None:
+    a = q.send("k", {"v": 1}, key="user-1")
+    b = q.send("k", {"v": 2}, key="user-1")
+    assert (a.status, b.status, b.id) == ("sent", "duplicate", a.id)
+    assert q.peek("k")[0].payload == {"v": 1}
+    c = q.send("k", {"v": 3}, key="user-1", on_duplicate="replace")
+    assert (c.status, c.id) == ("replaced", a.id)
+    assert q.peek("k")[0].payload == {"v": 3}
+    with pytest.raises(DuplicateMessage) as err:
+        q.send("k", {"v": 4}, key="user-1", on_duplicate="error")
+    assert err.value.existing_id == a.id
+    assert q.send("other", 1, key="user-1").status == "sent"  # keys are per topic
+    (m,) = q.receive("k")
+    m.ack()
+    assert q.send("k", {"v": 5}, key="user-1").status == "sent"  # only live messages dedup
+
+
+def test_replace_fences_the_current_holder(q: tableq.Queue) -> None:
+    q.send("rk", 1, key="k")
+    (m,) = q.receive("rk")
+    q.send("rk", 2, key="k", on_duplicate="replace")
+    with pytest.raises(LeaseLost):
+        m.ack()
+    (m2,) = q.receive("rk")
+    assert m2.payload == 2 and m2.attempts == 1
+
+
+def test_send_many_mixed_items_and_dedupe(q: tableq.Queue) -> None:
+    results = q.send_many("sm", [
+        {"payload": {"i": 0}, "key": "a", "priority": 3},
+        {"payload": {"i": 1}},
+        "plain",
+        {"payload": {"i": 3}, "key": "a"},
+        {"payload": {"i": 4}, "delay": 3600, "headers": {"h": "v"}},
+    ])
+    assert [r.status for r in results] == ["sent", "sent", "sent", "duplicate", "sent"]
+    assert results[3].id == results[0].id
+    assert len({r.id for r in results}) == 4
+    got = q.receive("sm", max=10)
+    assert [m.payload for m in got] == [{"i": 0}, {"i": 1}, "plain"]
+    assert q.stats("sm")[0].scheduled == 1
+    assert q.send_many("sm", []) == []
+
+
+def test_send_many_large_batch_keeps_order_and_ids(q: tableq.Queue) -> None:
+    results = q.send_many("big", range(2500))
+    assert [r.status for r in results] == ["sent"] * 2500
+    assert sorted(r.id for r in results) == [r.id for r in results]
+    got = q.receive("big", max=2500)
+    assert [m.payload for m in got] == list(range(2500))
+    assert [m.id for m in got] == [r.id for r in results]
+    q.ack_many(got)
+    assert q.stats("big")[0].live == 0
+
+
+def test_send_many_error_mode_is_all_or_nothing(q: tableq.Queue) -> None:
+    q.send("ae", 0, key="taken")
+    with pytest.raises(DuplicateMessage):
+        q.send_many("ae", [{"payload": 1, "key": "fresh"}, {"payload": 2, "key": "taken"}],
+                    on_duplicate="error")
+    assert [m.payload for m in q.peek("ae")] == [0]
+
+
+def test_ack_many_reports_lost_leases_after_acking_the_rest(q: tableq.Queue) -> None:
+    q.send_many("am", [1, 2, 3])
+    msgs = q.receive("am", max=3, visibility_timeout=0.2)
+    wait_until(lambda: q.stats("am")[0].ready == 3, timeout=5)
+    (retaken,) = q.receive("am", max=1)
+    with pytest.raises(LeaseLost) as err:
+        q.ack_many(msgs)
+    assert err.value.message_id == retaken.id
+    assert q.stats("am")[0].live == 1
+    retaken.ack()
+
+
+def test_selective_receive(q: tableq.Queue) -> None:
+    q.register_kind("signup")
+    q.register_kind("other")
+    q.send("sel", {"user": 7, "plan": "pro", "vip": True, "note": None}, kind="signup", key="u7")
+    q.send("sel", {"user": 8, "plan": "free", "vip": False}, kind="signup")
+    q.send("sel", {"user": "7", "plan": "pro"}, kind="other")
+    q.send("sel", b"bytes are never matched by fields")
+    assert [m.payload["user"] for m in q.receive("sel", where={"user": 8}, max=5)] == [8]
+    by_str = q.receive("sel", where={"user": "7"}, max=5)
+    assert [m.kind for m in by_str] == ["other"]  # "7" is not 7
+    assert [m.key for m in q.receive("sel", where={"kind": "signup", "vip": True})] == ["u7"]
+    assert q.receive("sel", where={"payload": {"note": None}}) == []  # u7 is leased now
+    assert q.stats("sel")[0].in_flight == 3
+
+
+def test_selective_receive_rejects_unsafe_fields(q: tableq.Queue) -> None:
+    for bad in ("$.a", "a.b", "a\"b", "*", "**", "", "a b", "x'--"):
+        with pytest.raises(tableq.InvalidName):
+            q.receive("sel", where={bad: 1})
+    with pytest.raises(InvalidArgument):
+        q.receive("sel", where={"a": [1, 2]})
+
+
+def test_at_most_once_removes_on_receive(q: tableq.Queue) -> None:
+    q.send_many("amo", ["a", "b", "c"])
+    got = q.receive("amo", max=2, mode="at_most_once")
+    assert [m.payload for m in got] == ["a", "b"] and all(m.lease is None for m in got)
+    assert q.stats("amo")[0].live == 1
+    with pytest.raises(InvalidArgument):
+        got[0].ack()
+
+
+def test_exactly_once_commit_and_rollback(q: tableq.Queue) -> None:
+    q.send("eo", {"n": 1})
+    with pytest.raises(RuntimeError):
+        with q.transaction() as tx:
+            (m,) = tx.receive("eo")
+            assert m.transaction is tx
+            tx.send("eo-out", {"from": m.id})
+            m.ack()
+            raise RuntimeError("handler crashed")
+    s = q.stats("eo")[0]
+    assert (s.ready, s.in_flight) == (1, 0)  # the receive rolled back too
+    assert q.peek("eo")[0].attempts == 0
+    assert q.stats("eo-out")[0].live == 0
+    with q.transaction() as tx:
+        (m,) = tx.receive("eo")
+        tx.send("eo-out", {"from": m.id})
+        m.ack()
+    assert q.stats("eo")[0].live == 0 and q.stats("eo-out")[0].ready == 1
+
+
+def test_exactly_once_with_the_callers_own_sql(q: tableq.Queue, db_url: str) -> None:
+    # Create a table of the application's own through a plain driver connection.
+    own = driver_connection(db_url)
+    cur = own.cursor()
+    cur.execute("CREATE TABLE app_effect (msg_id BIGINT PRIMARY KEY)")
+    own.commit()
+    own.close()
+    q.send("eo2", 1)
+    marker = "%s" if q.dialect != "sqlite" else "?"
+    with pytest.raises(ZeroDivisionError):
+        with q.transaction() as tx:
+            (m,) = tx.receive("eo2")
+            tx.connection.cursor().execute(
+                f"INSERT INTO app_effect (msg_id) VALUES ({marker})", (m.id,))
+            m.ack()
+            1 / 0
+    with q.transaction() as tx:
+        (m,) = tx.receive("eo2")
+        tx.connection.cursor().execute(
+            f"INSERT INTO app_effect (msg_id) VALUES ({marker})", (m.id,))
+        m.ack()
+    check = driver_connection(db_url)
+    c = check.cursor()
+    c.execute("SELECT msg_id FROM app_effect")
+    assert [r[0] for r in c.fetchall()] == [m.id]
+    c.execute("DROP TABLE app_effect")
+    check.commit()
+    check.close()
+
+
+def test_outbox_send_commits_and_rolls_back_with_the_callers_transaction(
+    q: tableq.Queue, db_url: str
+) -> None:
+    conn = driver_connection(db_url)
+    try:
+        q.send("outbox", "rolled back", connection=conn)
+        assert q.stats("outbox")[0].live == 0  # invisible before commit
+        conn.rollback()
+        q.send_many("outbox", ["kept-1", "kept-2"], connection=conn)
+        conn.commit()
+    finally:
+        conn.close()
+    assert [m.payload for m in q.peek("outbox")] == ["kept-1", "kept-2"]
+    with pytest.raises(InvalidArgument):
+        q.send("outbox", 1, connection=object())
+
+
+def test_forward_sends_and_acks_atomically(q: tableq.Queue) -> None:
+    q.send("step1", {"order": 1})
+    (m,) = q.receive("step1")
+    r = m.forward("step2", {"order": 1, "paid": True}, priority=2)
+    assert r.status == "sent"
+    assert q.stats("step1")[0].live == 0
+    (n,) = q.receive("step2")
+    assert n.payload == {"order": 1, "paid": True} and n.priority == 2
+    (m2,) = [q.send("step1", 2)] and q.receive("step1", visibility_timeout=0.1)
+    wait_until(lambda: q.receive("step1"), timeout=5)
+    with pytest.raises(LeaseLost):
+        m2.forward("step2", "must not appear")
+    assert q.stats("step2")[0].live == 1  # the forward rolled back with the failed ack
+
+
+def test_registered_kind_validates_on_send_and_receive(q: tableq.Queue) -> None:
+    def encode(v: dict) -> dict:
+        if not isinstance(v.get("to"), str) or "@" not in v["to"]:
+            raise ValueError("'to' must be an email address")
+        return v
+
+    q.register_kind("email", encode=encode, decode=lambda v: {**v, "decoded": True})
+    q.send("mail", {"to": "a@b.c"}, kind="email")
+    with pytest.raises(tableq.PayloadInvalid) as err:
+        q.send("mail", {"to": "nobody"}, kind="email")
+    assert "email address" in str(err.value)
+    with pytest.raises(UnknownKind):
+        q.send("mail", {}, kind="sms")
+    (m,) = q.receive("mail")
+    assert m.payload == {"to": "a@b.c", "decoded": True}
+
+
+def test_payload_its_kind_rejects_on_receive_is_dead_lettered(q: tableq.Queue) -> None:
+    q.register_kind("v1", decode=lambda v: v)
+    q.send("ver", {"x": 1}, kind="v1")
+    q.send("ver", {"x": 2}, kind="v1")
+
+    def strict(v: dict) -> dict:
+        if v["x"] == 1:
+            raise ValueError("schema v1 no longer supported")
+        return v
+
+    q.register_kind("v1", decode=strict)
+    got = q.receive("ver", max=5)
+    assert [m.payload for m in got] == [{"x": 2}]
+    (dead,) = q.dead_letters("ver")
+    assert "schema v1 no longer supported" in dead.error
+
+
+def test_payload_limit_and_bad_payloads(db_url: str) -> None:
+    with tableq.connect(db_url, migrate=True, max_payload_bytes=1000) as q:
+        q.send("lim", "x" * 900)
+        with pytest.raises(PayloadTooLarge) as err:
+            q.send("lim", "x" * 1001)
+        assert "1000" in str(err.value)
+        with pytest.raises(PayloadTooLarge):
+            q.send("lim", b"x" * 1001)
+        for bad in (object(), {1, 2}, float("nan"), "nul\x00char", "\ud800"):
+            with pytest.raises(tableq.PayloadInvalid):
+                q.send("lim", bad)
+        assert q.stats("lim")[0].live == 1
+
+
+def test_bad_arguments_are_clear_errors(q: tableq.Queue) -> None:
+    cases = [
+        lambda: q.send("", 1),
+        lambda: q.send("x" * 201, 1),
+        lambda: q.send("tab\tname", 1),
+        lambda: q.send(" padded", 1),
+        lambda: q.send("t", 1, key=""),
+        lambda: q.send("t", 1, key=5),
+        lambda: q.send("t", 1, priority=1.5),
+        lambda: q.send("t", 1, priority=2**40),
+        lambda: q.send("t", 1, delay=-1),
+        lambda: q.send("t", 1, at=datetime(2030, 1, 1)),
+        lambda: q.send("t", 1, delay=1, at=datetime.now(UTC)),
+        lambda: q.send("t", 1, headers={"a": 1}),
+        lambda: q.send("t", 1, on_duplicate="overwrite"),
+        lambda: q.receive("t", max=0),
+        lambda: q.receive("t", max=10**9),
+        lambda: q.receive("t", visibility_timeout=float("nan")),
+        lambda: q.receive("t", mode="exactly_once"),
+        lambda: q.send_many("t", [{"payload": 1, "prio": 2}]),
+        lambda: q.peek("t", limit=-1),
+        lambda: q.requeue_dead("t", ids="1,2"),
+    ]
+    for case in cases:
+        with pytest.raises(ValueError) as err:
+            case()
+        assert isinstance(err.value, tableq.TableqError)
+    assert q.topics() == []
+
+
+def test_hostile_names_round_trip_byte_identical(q: tableq.Queue) -> None:
+    q.kinds.strict = False
+    names = ["'; DROP TABLE tableq_message; --", '"', "\\", "%", "_", "$.a", "..", "*",
+             "emoji 🎉", "ünï", "a" * 200]
+    for i, name in enumerate(names):
+        q.send(name, {"i": i}, key=name[:255], kind=name[:100])
+    for refused in ("\u202eRTL override", "nul\x00", "\ud800", "new\nline"):
+        with pytest.raises(tableq.InvalidName):
+            q.send(refused, 1)
+    assert sorted(q.topics()) == sorted(names)
+    for i, name in enumerate(names):
+        (m,) = q.receive(name, where={"key": name[:255], "kind": name[:100]})
+        assert (m.topic, m.key, m.payload) == (name, name[:255], {"i": i})
+        m.ack()
+
+
+def test_stats_peek_topics_purge(q: tableq.Queue) -> None:
+    q.send_many("s1", [1, 2, 3])
+    q.send("s1", 4, delay=3600)
+    q.send("s2", 1)
+    (m,) = q.receive("s1")
+    s1, s2 = q.stats()
+    assert (s1.topic, s1.ready, s1.scheduled, s1.in_flight, s1.dead) == ("s1", 2, 1, 1, 0)
+    assert s1.oldest_ready_age is not None and 0 <= s1.oldest_ready_age < 60
+    assert (s2.topic, s2.ready) == ("s2", 1)
+    assert q.stats("nothing")[0].oldest_ready_age is None
+    assert [p.payload for p in q.peek("s1", limit=2)] == [2, 3]
+    assert q.topics() == ["s1", "s2"]
+    assert q.get(m.id).payload == 1 and q.get(10**9) is None
+    assert q.purge("s1") == 4
+    assert q.stats("s1")[0].live == 0
+    assert abs((q.now() - datetime.now(UTC)).total_seconds()) < 5
+
+
+def test_retention_archives_acked_messages(db_url: str) -> None:
+    with tableq.connect(db_url, migrate=True, retention=True) as q:
+        q.send_many("ret", [1, 2])
+        q.ack_many(q.receive("ret", max=2))
+        assert q.stats("ret")[0].done == 2
+        lo, hi = q.history_bounds("done", "ret")
+        rows = q.history("done", "ret", lo, hi)
+        assert [r["payload"] for r in rows] == [1, 2] and rows[0]["done_at"] is not None
+        assert q.delete_history("done", [lo]) == 1
+
+
+def test_staged_load_is_invisible_until_published_and_idempotent(q: tableq.Queue) -> None:
+    q.stage_many("job-1", 0, "bulk", [{"payload": i, "key": f"k{i}"} for i in range(5)])
+    q.stage_many("job-1", 1, "bulk", range(100, 103))  # a failed task attempt
+    q.stage_many("job-1", 2, "bulk", [{"payload": 9, "key": "k0"}, "x"])
+    assert q.stats("bulk")[0].live == 0 and q.staged_job_state("job-1") == "open"
+    assert q.publish_staged("job-1", [0, 2]) == 6  # k0 repeated: kept once
+    assert q.publish_staged("job-1", [0, 2]) is None  # a rerun of the commit is a no-op
+    assert q.staged_job_state("job-1") == "committed"
+    assert sorted(str(m.payload) for m in q.peek("bulk", limit=50)) == sorted(
+        ["0", "1", "2", "3", "4", "x"])
+    q.stage_many("job-2", 0, "bulk", [1, 2])
+    assert q.discard_staged("job-2") == 2 and q.staged_job_state("job-2") == "aborted"
+    q.stage_many("job-3", 0, "bulk", [1])
+    assert q.cleanup_staged(older_than=0) == 1
+    assert q.stats("bulk")[0].live == 6
+
+
+def test_group_lease_batch(q: tableq.Queue) -> None:
+    q.send_many("g", range(5))
+    got = q.receive_batch("g", "epoch-1:1", max=3, visibility_timeout=60)
+    assert [m.payload for m in got] == [0, 1, 2]
+    assert [m.payload for m in q.leased_messages("g", "epoch-1:1")] == [0, 1, 2]
+    assert q.extend_lease("g", "epoch-1:1", 120) == 3
+    assert q.ack_lease("g", "epoch-1:1") == 3
+    assert q.ack_lease("g", "epoch-1:1") == 0
+    assert q.stats("g")[0].ready == 2
