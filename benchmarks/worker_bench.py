@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import tableq  # noqa: E402
-from tableq.worker import App  # noqa: E402
+import tableq
+from tableq.worker import App
 
 PG_URL = os.environ.get("TABLEQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("TABLEQ_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
@@ -125,7 +125,7 @@ def pickup(url: str, samples: int, *, notify: bool) -> list[float]:
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def med_range(values: list[float], fmt: str) -> str:

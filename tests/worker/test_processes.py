@@ -13,10 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from workerhelpers import start_worker_process
 
 import tableq
 from tableq.testing import wait_until
-from workerhelpers import start_worker_process
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tableq.errors import ConfigurationError, InvalidArgument
-from tableq.worker import App, Backoff, PeriodicJob, PollPolicy
-from tableq.worker import events
+from tableq.worker import App, Backoff, PeriodicJob, PollPolicy, events
 from tableq.worker.heartbeat import heartbeat_interval
 from tableq.worker.periodic import next_tick, plan, send_margin_s, tick_key
 from tableq.worker.retry import decide

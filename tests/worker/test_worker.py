@@ -5,16 +5,16 @@ periodic jobs with several workers, lease bounds. No sleeping to wait: wait_unti
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections import Counter
 
 import pytest
+from workerhelpers import run_burst, running
 
 from tableq.testing import wait_until
 from tableq.worker import Backoff
-
-from workerhelpers import run_burst, running
 
 
 def test_handler_success_acks_every_message_once(make_app):
@@ -312,7 +312,7 @@ def test_periodic_job_once_per_tick_with_three_workers(make_app):
 
     seconds_ = [datetime.fromisoformat(s).timestamp() for s in stamps]
     # Consecutive ticks, none skipped, each one second apart.
-    assert [round(b - a, 3) for a, b in zip(seconds_, seconds_[1:])] == [1.0] * (len(stamps) - 1)
+    assert [round(b - a, 3) for a, b in itertools.pairwise(seconds_)] == [1.0] * (len(stamps) - 1)
 
 
 def test_burst_exits_on_empty_queue(make_app):

@@ -26,7 +26,7 @@ def running(worker: Worker, *, timeout: float = 20.0) -> Iterator[Worker]:
     def target() -> None:
         try:
             worker.run()
-        except BaseException as exc:  # re-raised in the test
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
             errors.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)
@@ -50,7 +50,7 @@ def run_burst(worker: Worker, timeout: float = 60.0) -> None:
     def target() -> None:
         try:
             worker.run()
-        except BaseException as exc:  # re-raised in the test
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
             errors.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)

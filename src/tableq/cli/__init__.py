@@ -87,7 +87,7 @@ def _add_pipeline() -> None:
             return
         _pipeline_stub(exc)
         return
-    except Exception as exc:  # any failure: show it when the command is used, not before
+    except Exception as exc:  # noqa: BLE001 - show any failure when the command is used
         _pipeline_stub(exc)
         return
     group = getattr(module, "pipeline", None)

@@ -4,6 +4,8 @@ formatting: no database access."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -11,9 +13,6 @@ from rich.console import Console
 from rich.table import Table
 
 from tableq.message import DeadLetter, Message
-
-import os
-import sys
 
 # Off a terminal rich assumes 80 columns and truncates; scripts and logs get room instead.
 _WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200"))

@@ -81,13 +81,13 @@ class Executor:
                 fut.cancel()
                 return Outcome("timeout", f"timed out after {timeout_s} s (cancelled)",
                                time.monotonic() - start)
-            except BaseException as exc:  # the handler's failure, whatever it is
+            except BaseException as exc:  # noqa: BLE001 - the handler's failure, whatever it is
                 return _failed(exc, start)
             return Outcome("ok", None, time.monotonic() - start, value)
         if timeout_s is None:
             try:
                 value = fn(arg)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any handler exception is its failure
                 return _failed(exc, start)
             result = fn_result(value, self)
             return result if result is not None else Outcome("ok", None,
@@ -97,7 +97,7 @@ class Executor:
         def call() -> None:
             try:
                 box.set_result(fn(arg))
-            except BaseException as exc:  # reported through the future
+            except BaseException as exc:  # noqa: BLE001 - reported through the future
                 box.set_exception(exc)
 
         threading.Thread(target=call, name="tableq-handler", daemon=True).start()
@@ -106,7 +106,7 @@ class Executor:
         except FutureTimeout:
             return Outcome("timeout", f"timed out after {timeout_s} s (the handler thread "
                            "still runs; its result will be ignored)", time.monotonic() - start)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any handler exception is its failure
             return _failed(exc, start)
         return Outcome("ok", None, time.monotonic() - start, value)
 
@@ -122,7 +122,7 @@ def fn_result(value: Any, executor: Executor) -> Outcome | None:
 
         try:
             result = asyncio.run_coroutine_threadsafe(wait(), executor._event_loop()).result()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any handler exception is its failure
             return _failed(exc, start)
         return Outcome("ok", None, time.monotonic() - start, result)
     return None

@@ -103,8 +103,8 @@ class Waker:
         if self._listener is not None:
             try:
                 self._listener.close()
-            except Exception:  # closing a broken connection may fail; it is gone either way
-                pass
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
+                events.emit("listener_close_failed", 10, error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             self._listener = None
 
     def close(self) -> None:

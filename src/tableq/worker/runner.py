@@ -57,7 +57,7 @@ class WorkerOptions:
     # the handlers' measured duration); 0 turns it off. Bounds leases held but not started.
     prefetch_wait_s: float = 0.5
     grace_period_s: float = 30.0
-    poll: PollPolicy = PollPolicy()
+    poll: PollPolicy = dataclasses.field(default_factory=PollPolicy)
     use_listener: bool = True
     # Process mode: a handler thread that timed out cannot be killed, so the process stops
     # (gracefully) after it and its supervisor starts a fresh one.
@@ -241,7 +241,7 @@ class Lane:
                 self.running += 1
             try:
                 self.worker._process(self.spec, job.msg)
-            except BaseException as exc:  # a bug in the worker must not kill the pool silently
+            except BaseException as exc:  # noqa: BLE001 - a bug here must not kill the pool silently
                 events.emit("worker_error", logging.ERROR, topic=self.spec.topic,
                             id=job.msg.id, error=describe(exc))
             finally:
@@ -533,7 +533,7 @@ class Worker:
         for m in unstarted:
             self._release(m)
         deadline = time.monotonic() + self.options.grace_period_s
-        finished = all([lane.wait_idle(deadline) for lane in self.lanes])
+        finished = all([lane.wait_idle(deadline) for lane in self.lanes])  # noqa: C419 - wait for every lane
         if not finished:
             events.emit("grace_expired", logging.WARNING,
                         running=sum(lane.running for lane in self.lanes))

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from tableq.worker import events
 from tableq.worker.runner import Worker
@@ -28,7 +28,7 @@ class _Signals:
         self._count = 0
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> _Signals:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._old[sig] = signal.signal(sig, self._handle)
@@ -55,7 +55,7 @@ def run_foreground(worker: Worker, *, install_signals: bool = True) -> None:
     def target() -> None:
         try:
             worker.run()
-        except BaseException as exc:  # re-raised in the calling thread below
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread below
             error.append(exc)
 
     def first(signum: int) -> None:
@@ -171,7 +171,7 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
 
 
 class _NoSignals:
-    def __enter__(self) -> _NoSignals:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,18 +23,22 @@ class RequeueResult:
     rows: int
 
 
-def requeue_stream(spark: Any, url: str, topic: str, *, route: str,
-                   order_by: Sequence[str] = ("priority DESC", "id"), block_rows: int = 1000,
-                   lease_seconds: float = 300.0) -> Any:
-    """The streaming DataFrame the pipeline writes: one block per micro-batch, in one
-    partition, sorted by `order_by`, with a `topic` column from `route`."""
-    src = (spark.readStream.format("tableq").option("url", url).option("topic", topic)
-           .option("maxRows", str(block_rows)).option("leaseSeconds", str(lease_seconds))
-           .load())
-    routed = src.withColumn("_to", F.expr(route))
-    order = [F.expr(o) for o in order_by]
-    # One partition per block: rows are published in the order they are staged.
-    return (routed.coalesce(1).sortWithinPartitions(*order)
+def sort_column(spec: str) -> Any:
+    """A sort column from SQL text such as "priority DESC" (F.expr would read DESC as an
+    alias)."""
+    text = spec.strip()
+    head, _, last = text.rpartition(" ")
+    if head and last.upper() in ("ASC", "DESC"):
+        col = F.expr(head)
+        return col.desc() if last.upper() == "DESC" else col.asc()
+    return F.expr(text)
+
+
+def route_block(block: Any, *, route: str, order_by: Sequence[str]) -> Any:
+    """One block as the sink's columns: a `topic` from `route`, sorted by `order_by`, in one
+    partition (rows are published in the order they are staged)."""
+    order = [sort_column(o) for o in order_by]
+    return (block.withColumn("_to", F.expr(route)).coalesce(1).sortWithinPartitions(*order)
             .select(F.col("_to").alias("topic"), *CARRIED))
 
 
@@ -45,13 +49,24 @@ def requeue(spark: Any, url: str, topic: str, *, route: str, checkpoint: str,
     """Moves the messages of `topic` to the topics `route` names (a SQL expression over the
     source columns: id, key, kind, payload (JSON text), headers, priority, attempts, ...).
     Runs until the topic is drained (Trigger.AvailableNow), or forever with follow=True.
-    Rerunning with the same checkpoint continues where the last run stopped."""
-    df = requeue_stream(spark, url, topic, route=route, order_by=order_by,
-                        block_rows=block_rows, lease_seconds=lease_seconds)
-    writer = (df.writeStream.format("tableq").option("url", url)
-              .option("payloadFormat", "json").option("checkpointLocation", checkpoint)
-              .option("sinkName", sink_name or f"requeue:{topic}")
-              .queryName(f"tableq_requeue_{abs(hash((url, topic))) % 10**8}"))
+    Rerunning with the same checkpoint continues where the last run stopped.
+
+    Spark refuses to sort a streaming DataFrame, so each block is written from foreachBatch
+    by the batch sink under the job id '<sink>:<batchId>': a replayed block finds its job
+    already committed and publishes nothing, and the source acknowledges a block only after
+    Spark has recorded the batch as done. Exactly once, like the stream sink."""
+    sink = sink_name or f"requeue:{topic}"
+    src = (spark.readStream.format("tableq").option("url", url).option("topic", topic)
+           .option("maxRows", str(block_rows)).option("leaseSeconds", str(lease_seconds))
+           .load())
+
+    def write_block(block: Any, batch_id: int) -> None:
+        (route_block(block, route=route, order_by=order_by)
+         .write.format("tableq").option("url", url).option("payloadFormat", "json")
+         .option("jobId", f"{sink}:{batch_id}").mode("append").save())
+
+    writer = (src.writeStream.foreachBatch(write_block)
+              .option("checkpointLocation", checkpoint))
     writer = (writer.trigger(processingTime="1 second") if follow
               else writer.trigger(availableNow=True))
     query = writer.start()

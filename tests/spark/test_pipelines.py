@@ -1,0 +1,156 @@
+"""The pipelines: requeue routes and sorts, archive survives a crash between its write and its
+purge, report matches a hand-computed case, load reads CSV, JSON lines and Parquet."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import tableq
+from tableq.spark import archive as archive_mod
+from tableq.spark.archive import archive
+from tableq.spark.load import load_file, load_jobs
+from tableq.spark.pipelines.requeue import requeue
+from tableq.spark.report import compute, report
+
+
+def test_requeue_routes_and_sorts(spark, url: str, tmp_path: Path) -> None:
+    q = tableq.connect(url, migrate=True)
+    items = [{"payload": {"region": "eu" if i % 3 else "us", "rank": (i * 7) % 20},
+              "key": f"k{i}"} for i in range(20)]
+    q.send_many("in", items)
+    q.send("in", b"\x00bytes")  # routed to the default branch, bytes kept
+    result = requeue(spark, url, "in", checkpoint=str(tmp_path / "ck"), block_rows=100,
+                     route="CASE get_json_object(payload, '$.region') WHEN 'eu' THEN 'eu' "
+                           "WHEN 'us' THEN 'us' ELSE 'other' END",
+                     order_by=["CAST(get_json_object(payload, '$.rank') AS INT) DESC"])
+    assert result.rows == 21
+    eu, us = q.peek("eu", limit=100), q.peek("us", limit=100)
+    assert {m.payload["region"] for m in eu} == {"eu"} and len(eu) == 13
+    assert {m.payload["region"] for m in us} == {"us"} and len(us) == 7
+    for got in (eu, us):  # delivery order is the sorted order of the block
+        ranks = [m.payload["rank"] for m in got]
+        assert ranks == sorted(ranks, reverse=True)
+    assert sorted(m.key for m in eu + us) == sorted(f"k{i}" for i in range(20))
+    assert [m.payload for m in q.peek("other")] == [b"\x00bytes"]
+    s = q.stats("in")[0]
+    assert (s.ready, s.in_flight) == (0, 0)
+    q.close()
+
+
+def _history(url: str) -> tableq.Queue:
+    q = tableq.connect(url, migrate=True, retention=True)
+    q.send_many("a", [{"i": i} for i in range(40)])
+    q.send_many("b", [{"i": i} for i in range(10)])
+    for topic in ("a", "b"):
+        for m in q.receive(topic, max=100):
+            if m.payload["i"] % 4 == 0:
+                q.dead_letter(m, "boom")
+            else:
+                q.ack(m)
+    return q
+
+
+def test_archive_is_idempotent_after_a_crash_between_write_and_purge(
+        spark, url: str, tmp_path: Path) -> None:
+    q = _history(url)
+    out = str(tmp_path / "archive")
+    before = {s.topic: (s.done, s.dead) for s in q.stats()}
+    assert before == {"a": (30, 10), "b": (7, 3)}
+    with pytest.raises(archive_mod._Crash):
+        archive(spark, url, out, older_than=0, _crash_after="write")
+    # Crashed after the done rows were written, before they were purged.
+    assert {s.topic: (s.done, s.dead) for s in q.stats()} == before
+    q.send("a", {"i": "new"})
+    for m in q.receive("a"):
+        q.ack(m)  # done after the first run's cut-off: must stay for a later run
+    res = archive(spark, url, out, older_than=0)
+    assert res.resumed and res.written == {"done": 37, "dead": 13}
+    assert res.purged == {"done": 37, "dead": 13}
+    after = {s.topic: (s.done, s.dead) for s in q.stats()}
+    assert after == {"a": (1, 0)}  # b has no rows left anywhere
+    done = spark.read.parquet(f"{out}/done")
+    dead = spark.read.parquet(f"{out}/dead")
+    assert done.count() == 37 and done.select("id").distinct().count() == 37
+    assert dead.count() == 13 and dead.select("id").distinct().count() == 13
+    assert {r.topic: r["count"] for r in done.groupBy("topic").count().collect()} == {
+        "a": 30, "b": 7}
+    assert set(done.columns) >= {"topic", "date", "run", "payload", "done_at"}
+    assert Path(out, "done", "topic=a").is_dir()
+    # A third run archives only the new row, and a rerun with nothing pending is harmless.
+    res3 = archive(spark, url, out, older_than=0)
+    assert not res3.resumed and res3.written == {"done": 1, "dead": 0}
+    assert spark.read.parquet(f"{out}/done").count() == 38
+    assert archive(spark, url, out, older_than=0).written == {"done": 0, "dead": 0}
+    q.close()
+
+
+def _t(s: float) -> datetime:
+    return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=s)
+
+
+def test_report_matches_a_hand_computed_case(spark, tmp_path: Path) -> None:
+    done = spark.createDataFrame(
+        [("t", 1, _t(0), _t(1), _t(3)), ("t", 2, _t(0), _t(4), _t(5)),
+         ("t", 1, _t(10), _t(10), _t(14)), ("u", 1, _t(0), _t(0.5), _t(60.5))],
+        "topic string, attempts int, first_available_at timestamp, received_at timestamp, "
+        "done_at timestamp")
+    dead = spark.createDataFrame([("t", 3)], "topic string, attempts int")
+    rep = compute(done, dead, bucket="10 seconds")
+    t = rep.summary.set_index("topic").loc["t"]
+    assert (t.done, t.dead) == (3, 1)
+    # wait = [1, 4, 0] and work = [2, 1, 4]; linear interpolation between order statistics.
+    assert t.wait_p50_s == pytest.approx(1.0) and t.wait_p90_s == pytest.approx(3.4)
+    assert t.work_p50_s == pytest.approx(2.0) and t.work_p90_s == pytest.approx(3.6)
+    assert t.wait_p99_s == pytest.approx(3.94)
+    assert t.failure_rate == pytest.approx(0.5)  # one retried done + one dead, of four
+    assert t.dead_rate == pytest.approx(0.25)
+    assert t.rate_per_s == pytest.approx(3 / 11)  # done_at from 3 s to 14 s
+    u = rep.summary.set_index("topic").loc["u"]
+    assert (u.done, u.dead, u.failure_rate, u.work_p50_s) == (1, 0, 0.0, 60.0)
+    attempts = {(r.topic, r.attempts): r.messages for r in rep.attempts.itertuples()}
+    assert attempts == {("t", 1): 2, ("t", 2): 1, ("t", 3): 1, ("u", 1): 1}
+    tp = {(r.topic, r.bucket.to_pydatetime().replace(tzinfo=UTC)): r.done
+          for r in rep.throughput.itertuples()}
+    assert tp == {("t", _t(0)): 2, ("t", _t(10)): 1, ("u", _t(60)): 1}
+    text = rep.table()
+    assert "0.250" in text and "3.400" in text
+
+
+def test_report_from_a_queue_writes_html(spark, url: str, tmp_path: Path) -> None:
+    q = _history(url)
+    rep = report(spark, url, html_path=str(tmp_path / "r.html"))
+    s = rep.summary.set_index("topic")
+    assert (s.loc["a"].done, s.loc["a"].dead, s.loc["b"].dead_rate) == (30, 10, 0.3)
+    page = (tmp_path / "r.html").read_text()
+    assert "plotly" in page and "Attempts per finished message" in page
+    q.close()
+
+
+def test_load_files(spark, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/load.db"
+    q = tableq.connect(url, migrate=True)
+    (tmp_path / "jobs.csv").write_text("id,name,score\n1,ann,3.5\n2,bob,4\n")
+    (tmp_path / "jobs.jsonl").write_text(
+        "\n".join(json.dumps({"payload": {"x": i}, "key": f"j{i}", "priority": i})
+                  for i in range(3)) + "\n")
+    spark.createDataFrame([(i, f"p{i}") for i in range(5)], "id long, v string") \
+        .write.parquet(str(tmp_path / "jobs.parquet"))
+    seen: list[tuple[int, int]] = []
+    r = load_file(spark, url, "csv", str(tmp_path / "jobs.csv"), key="id",
+                  on_progress=lambda d, t: seen.append((d, t)))
+    assert r.rows == 2
+    assert sorted((m.key, m.payload["name"], m.payload["score"]) for m in q.peek("csv")) == [
+        ("1", "ann", 3.5), ("2", "bob", 4.0)]
+    load_file(spark, url, "jl", str(tmp_path / "jobs.jsonl"))
+    assert [(m.key, m.priority, m.payload) for m in q.peek("jl")] == [
+        ("j2", 2, {"x": 2}), ("j1", 1, {"x": 1}), ("j0", 0, {"x": 0})]
+    assert load_file(spark, url, "pq", str(tmp_path / "jobs.parquet")).rows == 5
+    assert sorted(m.payload["v"] for m in q.peek("pq")) == [f"p{i}" for i in range(5)]
+    assert load_jobs(spark, url, "demo", 1000, poison_every=500).rows == 1000
+    demo = q.peek("demo", limit=1000)
+    assert len(demo) == 1000 and sum(m.payload["poison"] for m in demo) == 2
+    q.close()
