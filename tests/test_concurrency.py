@@ -91,3 +91,36 @@ def test_concurrent_migrations_apply_each_version_once(db_url: str) -> None:
         assert q.migrate() == [] and q.backend.schema_version() == 1
         q.send("after", 1)
         assert q.receive("after")[0].payload == 1
+
+
+def _kill_sessions(q: tableq.Queue) -> None:
+    """Ends every other session of this database user from the server side, as a restart or
+    an operator's kill would."""
+    from dbhelpers import driver_connection
+
+    admin = driver_connection(q.backend.url.raw)
+    cur = admin.cursor()
+    if q.dialect == "postgres":
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'tableq' AND pid <> pg_backend_pid()")
+    else:
+        cur.execute("SELECT id FROM information_schema.processlist "
+                    "WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+        for (pid,) in cur.fetchall():
+            cur.execute(f"KILL CONNECTION {int(pid)}")
+    admin.commit()
+    admin.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
+def test_connections_killed_by_the_server_are_replaced_not_surfaced(db_url: str) -> None:
+    with tableq.connect(db_url, migrate=True) as q:
+        q.send("k", 1)
+        q.stats()
+        _kill_sessions(q)
+        from tableq.testing import wait_until
+
+        wait_until(lambda: all(q.backend.pool._stale(c) for c in q.backend.pool._idle),
+                   timeout=5)
+        assert q.send("k", 2).status == "sent"  # no DatabaseUnavailable reaches the caller
+        assert [m.payload for m in q.receive("k", max=5)] == [1, 2]

@@ -157,3 +157,43 @@ def test_process_mode_replaces_a_worker_whose_handler_timed_out(db_url, queue, t
     assert code == 0, out
     assert "timed_out" in out and "restart=True" in out
     assert queue.stats("stuck")[0].dead == 0
+
+
+def test_ctrl_c_in_process_mode_is_one_graceful_stop(db_url, queue, tmp_path):
+    # A terminal's Ctrl-C signals the whole foreground process group: the children must not
+    # see it twice (once from the terminal, once forwarded), which would exit them at once.
+    fx = tmp_path / "effects.txt"
+    queue.send_many("work", list(range(4)))
+    log = tmp_path / "worker.log"
+    proc = start_worker_process(db_url, "effects_app:app", "--topic", "work", "--processes",
+                                "2", "--concurrency", "1", log=log, new_session=True,
+                                EFFECTS=str(fx), WORK_SLEEP_S="1.0")
+    try:
+        wait_until(lambda: log.read_text().count("worker_started") == 2, timeout=20)
+        wait_until(lambda: len(effects(fx)) >= 2, timeout=20)
+        os.killpg(proc.pid, signal.SIGINT)
+        code, out = stop(proc, log, signal_first=False, timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, out
+    assert "exit now" not in out
+    assert out.count("worker_stopped") == 2
+    assert queue.stats("work")[0].in_flight == 0  # finished or released, none left leased
+
+
+def test_run_worker_processes_from_python(db_url, queue, tmp_path):
+    import sys
+
+    from workerhelpers import APPS_DIR, cli_env
+
+    fx = tmp_path / "effects.txt"
+    queue.send_many("work", list(range(30)))
+    code = ("import effects_app, sys; "
+            "sys.exit(effects_app.app.run_worker(['work'], processes=2, burst=True))")
+    r = subprocess.run([sys.executable, "-c", code], env=cli_env(db_url, EFFECTS=str(fx)),
+                       cwd=str(APPS_DIR), capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert len({i for i, _ in effects(fx)}) == 30
+    assert queue.stats("work")[0].live == 0

@@ -71,7 +71,7 @@ def cli_env(url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_worker_process(url: str, spec: str, *args: str, log: Path,
+def start_worker_process(url: str, spec: str, *args: str, log: Path, new_session: bool = False,
                          **env: str) -> subprocess.Popen[bytes]:
     """`tableq worker SPEC ARGS` in a subprocess, with tests/worker/apps importable; its
     output goes to the file `log` (read it while it runs without filling a pipe)."""
@@ -79,4 +79,5 @@ def start_worker_process(url: str, spec: str, *args: str, log: Path,
         return subprocess.Popen(
             [sys.executable, "-m", "tableq.cli", "worker", spec, *args],
             env=cli_env(url, **env), cwd=str(APPS_DIR), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=new_session,
         )

@@ -4,6 +4,7 @@ SQL: it hands out connections made by the backend's factory and drops broken one
 from __future__ import annotations
 
 import os
+import select
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,8 +18,10 @@ class Pool:
         close: Callable[[Any], None],
         *,
         max_idle: int = 32,
+        socket_of: Callable[[Any], int] | None = None,
     ) -> None:
         self._connect, self._close = connect, close
+        self._socket_of = socket_of
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -35,10 +38,15 @@ class Pool:
     @contextmanager
     def connection(self) -> Iterator[Any]:
         self._check_fork()
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._connect()
+        conn = None
+        while conn is None:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self._connect()
+            elif self._stale(conn):
+                self._discard(conn)
+                conn = None
         healthy = False
         try:
             yield conn
@@ -51,6 +59,18 @@ class Pool:
                         conn = None
             if conn is not None:
                 self._discard(conn)
+
+    def _stale(self, conn: Any) -> bool:
+        """An idle connection whose socket is readable was closed by the server (restart,
+        idle timeout, pg_terminate_backend): found without a round trip, so the caller gets a
+        fresh connection instead of an error."""
+        if self._socket_of is None:
+            return False
+        try:
+            readable, _, _ = select.select([self._socket_of(conn)], [], [], 0)
+        except (OSError, ValueError, AttributeError):
+            return True
+        return bool(readable)
 
     def _discard(self, conn: Any) -> None:
         try:

@@ -97,11 +97,12 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
                 *(["--burst"] if burst else []),
                 *(["--prefetch", str(prefetch)] if prefetch is not None else []),
                 *(["--grace-period", str(grace_period)] if grace_period is not None else [])]
-        env = {**os.environ, CHILD_ENV: "1"}
+        env = {**os.environ, CHILD_ENV: "1", supervisor.PARENT_ENV: str(os.getpid())}
 
         def start(_: int) -> Any:
-            return supervisor.PopenChild(subprocess.Popen(supervisor.child_command(argv),
-                                                          env=env))
+            # Its own process group: Ctrl-C reaches only us, and we forward one SIGTERM.
+            return supervisor.PopenChild(subprocess.Popen(
+                supervisor.child_command(argv), env=env, process_group=0))
         code = supervisor.supervise(start, processes, burst=burst)
         ctx.exit(code)
     code = app.run_worker(list(topics) or None, concurrency, burst, prefetch=prefetch,

@@ -261,7 +261,8 @@ class App:
 
             def start(_: int) -> supervisor.Child:
                 p = ctx.Process(target=self._child_main, args=(
-                    topics, concurrency, burst, prefetch, grace_period), daemon=False)
+                    topics, concurrency, burst, prefetch, grace_period, os.getpid()),
+                    daemon=False)
                 p.start()
                 return supervisor.ProcessChild(p)
             return supervisor.supervise(start, processes, burst=burst,
@@ -272,7 +273,11 @@ class App:
         return supervisor.EXIT_RESTART if worker.restart_requested else 0
 
     def _child_main(self, topics: Any, concurrency: Any, burst: bool, prefetch: Any,
-                    grace_period: Any) -> None:
+                    grace_period: Any, parent: int) -> None:
+        from tableq.worker import supervisor
+
+        supervisor.detach_from_terminal_signals()
+        os.environ[supervisor.PARENT_ENV] = str(parent)
         code = self.run_worker(topics, concurrency, burst, prefetch=prefetch,
                                grace_period=grace_period, exit_on_timeout=True)
         self.close()

@@ -28,7 +28,7 @@ from tableq.worker.poller import PollPolicy, Waker
 from tableq.worker.retry import Backoff, decide
 
 MODES = ("at_least_once", "at_most_once", "exactly_once")
-FETCH_MAX = 100  # most messages one receive asks for
+FETCH_MAX = 250  # most messages one receive asks for
 IDLE_THREAD_EXIT_S = 10.0  # an idle thread above the minimum exits after this long
 ERROR_BACKOFF_S = 1.0
 

@@ -46,10 +46,14 @@ class _Signals:
             self._second(signum)
 
 
+PARENT_ENV = "TABLEQ_WORKER_PARENT"  # set in the children of a supervisor: its pid
+
+
 def run_foreground(worker: Worker, *, install_signals: bool = True) -> None:
     """Runs the worker until it stops; with install_signals, SIGTERM/SIGINT stop it
     gracefully and a second signal ends the process at once (leases then run out and the
-    messages come back to other workers)."""
+    messages come back to other workers). A supervised child also stops gracefully when
+    its supervisor disappears."""
     error: list[BaseException] = []
 
     def target() -> None:
@@ -66,6 +70,7 @@ def run_foreground(worker: Worker, *, install_signals: bool = True) -> None:
         events.emit("signal", signal=signal.Signals(signum).name, action="exit now")
         os._exit(EXIT_AT_ONCE)
 
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     thread = threading.Thread(target=target, name="tableq-worker")
     if install_signals:
         with _Signals(first, second):
@@ -73,6 +78,9 @@ def run_foreground(worker: Worker, *, install_signals: bool = True) -> None:
             # Join in slices: the main thread must stay free to run signal handlers.
             while thread.is_alive():
                 thread.join(0.2)
+                if parent and os.getppid() != parent and not worker.stopping:
+                    events.emit("supervisor_gone", parent=parent, action="graceful stop")
+                    worker.stop()
     else:
         thread.start()
         thread.join()
@@ -176,6 +184,15 @@ class _NoSignals:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def detach_from_terminal_signals() -> None:
+    """In a child: leave the terminal's process group, so Ctrl-C reaches only the supervisor
+    (which forwards one SIGTERM) instead of every child twice."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # already a group leader: nothing to leave
+        return
 
 
 def child_command(argv: Sequence[str]) -> list[str]:

@@ -109,7 +109,8 @@ class MySQLBackend(Backend):
         }
         self.mariadb: bool | None = None
         self.consecutive_ids = True
-        self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size)
+        self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
+                         socket_of=lambda c: c._sock.fileno())
 
     # --- connections and transactions -----------------------------------------------------
 

@@ -128,7 +128,8 @@ class PostgresBackend(Backend):
             if name in url.params:
                 self.connect_kwargs[name] = url.params[name]
         self._checked = False
-        self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size)
+        self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
+                         socket_of=lambda c: c.fileno())
 
     # --- connections and transactions -----------------------------------------------------
 
