@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from dbhelpers import driver_connection
 
 import tableq
 from tableq import DuplicateMessage, InvalidArgument, LeaseLost, PayloadTooLarge, UnknownKind
 from tableq.testing import wait_until
-
-from dbhelpers import driver_connection
 
 
 def test_send_receive_ack_roundtrip(q: tableq.Queue) -> None:
@@ -264,13 +263,12 @@ def test_at_most_once_removes_on_receive(q: tableq.Queue) -> None:
 
 def test_exactly_once_commit_and_rollback(q: tableq.Queue) -> None:
     q.send("eo", {"n": 1})
-    with pytest.raises(RuntimeError):
-        with q.transaction() as tx:
-            (m,) = tx.receive("eo")
-            assert m.transaction is tx
-            tx.send("eo-out", {"from": m.id})
-            m.ack()
-            raise RuntimeError("handler crashed")
+    with pytest.raises(RuntimeError), q.transaction() as tx:
+        (m,) = tx.receive("eo")
+        assert m.transaction is tx
+        tx.send("eo-out", {"from": m.id})
+        m.ack()
+        raise RuntimeError("handler crashed")
     s = q.stats("eo")[0]
     assert (s.ready, s.in_flight) == (1, 0)  # the receive rolled back too
     assert q.peek("eo")[0].attempts == 0
@@ -291,13 +289,12 @@ def test_exactly_once_with_the_callers_own_sql(q: tableq.Queue, db_url: str) -> 
     own.close()
     q.send("eo2", 1)
     marker = "%s" if q.dialect != "sqlite" else "?"
-    with pytest.raises(ZeroDivisionError):
-        with q.transaction() as tx:
-            (m,) = tx.receive("eo2")
-            tx.connection.cursor().execute(
-                f"INSERT INTO app_effect (msg_id) VALUES ({marker})", (m.id,))
-            m.ack()
-            1 / 0
+    with pytest.raises(ZeroDivisionError), q.transaction() as tx:
+        (m,) = tx.receive("eo2")
+        tx.connection.cursor().execute(
+            f"INSERT INTO app_effect (msg_id) VALUES ({marker})", (m.id,))
+        m.ack()
+        raise ZeroDivisionError("handler bug")
     with q.transaction() as tx:
         (m,) = tx.receive("eo2")
         tx.connection.cursor().execute(
@@ -337,7 +334,8 @@ def test_forward_sends_and_acks_atomically(q: tableq.Queue) -> None:
     assert q.stats("step1")[0].live == 0
     (n,) = q.receive("step2")
     assert n.payload == {"order": 1, "paid": True} and n.priority == 2
-    (m2,) = [q.send("step1", 2)] and q.receive("step1", visibility_timeout=0.1)
+    q.send("step1", 2)
+    (m2,) = q.receive("step1", visibility_timeout=0.1)
     wait_until(lambda: q.receive("step1"), timeout=5)
     with pytest.raises(LeaseLost):
         m2.forward("step2", "must not appear")

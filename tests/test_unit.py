@@ -144,7 +144,7 @@ def test_kind_registry_with_pydantic_like_model() -> None:
             self.kw = kw
 
         @classmethod
-        def model_validate(cls, v: dict) -> "Model":
+        def model_validate(cls, v: dict) -> Model:
             return cls(**v)
 
         def model_dump(self, mode: str) -> dict:

@@ -66,7 +66,7 @@ class KindRegistry:
         if model is not None:
             self._codecs[kind] = codec_for_model(model)
         else:
-            identity: Callable[[Any], Any] = lambda v: v  # noqa: E731
+            identity: Callable[[Any], Any] = lambda v: v
             self._codecs[kind] = Codec(encode or identity, decode or identity)
 
     def names(self) -> list[str]:

@@ -29,7 +29,8 @@ def stats_table(q: tableq.Queue, title: str) -> Table:
 def core_tour(q: tableq.Queue, jobs: int) -> None:
     console.rule("[bold]1. sending")
     t0 = time.perf_counter()
-    items = [{"payload": {"job": i, "poison": i % 997 == 0}, "priority": i % 3} for i in range(jobs)]
+    items = [{"payload": {"job": i, "poison": i % 997 == 0}, "priority": i % 3}
+             for i in range(jobs)]
     results = q.send_many("jobs", items)
     console.print(f"send_many: {len(results):,} jobs in {time.perf_counter() - t0:.2f}s "
                   f"(one transaction), ids {results[0].id}..{results[-1].id}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Iterator
+from typing import Any
 
 from tableq.backends.base import Backend, ClaimSpec, Filter, NewMessage, Row
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, KindRegistry
@@ -208,7 +208,7 @@ class Queue:
         unique, slots = dedupe_batch(rows, on_duplicate)
         done = self.backend.insert(unique, on_duplicate, connection)
         out = []
-        for row, (slot, repeat) in zip(rows, slots):
+        for row, (slot, repeat) in zip(rows, slots, strict=True):
             msg_id, status = done[slot]
             if repeat:  # as if sent one after the other: the later ones meet the first
                 status = "replaced" if on_duplicate == "replace" else "duplicate"

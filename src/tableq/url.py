@@ -91,5 +91,5 @@ def parse_url(url: str) -> DatabaseURL:
         database=database,
         params=params,
     )
-    result.namespace  # validates ?schema= / ?prefix= now, not at first use
+    _ = result.namespace  # validates ?schema= / ?prefix= now, not at first use
     return result

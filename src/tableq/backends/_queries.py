@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*(:\w+)?\s*$", re.M)
+_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*(:\w+)?\s*$", re.MULTILINE)
 
 
 class Queries:

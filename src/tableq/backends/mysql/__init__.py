@@ -397,7 +397,8 @@ class MySQLBackend(Backend):
         return rows[0] if rows else None
 
     def topics(self) -> list[str]:
-        return [r["topic"] for r in self._run(lambda cur: self._all_raw(cur, self.Q.message_topics))]
+        rows = self._run(lambda cur: self._all_raw(cur, self.Q.message_topics))
+        return [r["topic"] for r in rows]
 
     def stats(self, topic: str | None) -> list[Row]:
         def run(cur: Any) -> list[Row]:

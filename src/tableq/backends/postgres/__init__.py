@@ -241,7 +241,7 @@ class PostgresBackend(Backend):
                 keyed = {r["key"]: r for r in got if r["key"] is not None}
                 plain = iter(sorted(r["id"] for r in got if r["key"] is None))
                 missing = []
-                for i, m in zip(pending, batch):
+                for i, m in zip(pending, batch, strict=True):
                     if m.key is None:
                         results[i] = (next(plain), "sent")
                     elif m.key in keyed:
