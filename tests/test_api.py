@@ -491,3 +491,14 @@ def test_group_lease_batch(q: tableq.Queue) -> None:
     assert q.ack_lease("g", "epoch-1:1") == 3
     assert q.ack_lease("g", "epoch-1:1") == 0
     assert q.stats("g")[0].ready == 2
+
+
+@pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
+def test_idle_exactly_once_transaction_is_rolled_back_by_the_server(db_url: str) -> None:
+    with tableq.connect(db_url, migrate=True, transaction_idle_timeout_s=1) as q:
+        q.send("idle", 1)
+        with pytest.raises(tableq.DatabaseError):
+            with q.transaction() as tx:
+                (m,) = tx.receive("idle")
+                wait_until(lambda: q.receive("idle"), timeout=15)  # freed by the server
+                tx.ack(m)

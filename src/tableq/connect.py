@@ -47,8 +47,9 @@ def connect(
     `retention=True` keeps acked messages in the archive table (for reports and the Spark
     archive pipeline). `strict_kinds=False` lets messages carry kinds this process has not
     registered (they pass unvalidated); by default an unregistered kind is refused. Backend
-    options: SQLite `synchronous` ("FULL" default, or "NORMAL");
-    PostgreSQL and MySQL `pool_size`."""
+    options: SQLite `synchronous` ("FULL" default, or "NORMAL"); PostgreSQL and MySQL
+    `pool_size`, `connect_timeout_s`, and `transaction_idle_timeout_s` (300: the server rolls
+    back a queue.transaction() left idle that long, releasing its locks; not on MySQL 8)."""
     queue = Queue(
         open_backend(parse_url(url), **backend_options),
         max_payload_bytes=max_payload_bytes,

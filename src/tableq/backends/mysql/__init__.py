@@ -97,7 +97,8 @@ class MySQLBackend(Backend):
     dialect = "mysql"
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32,
-                 connect_timeout_s: float = 10) -> None:
+                 connect_timeout_s: float = 10,
+                 transaction_idle_timeout_s: float = 300.0) -> None:
         self.url, self.where = url, url.redacted
         self.prefix = url.namespace
         self.Q: Queries = load_queries(__package__, "{p}", self.prefix)
@@ -107,6 +108,7 @@ class MySQLBackend(Backend):
             "autocommit": True, "cursorclass": DictCursor,
             "connect_timeout": max(1, int(connect_timeout_s)),
         }
+        self.transaction_idle_s = max(1, int(transaction_idle_timeout_s))
         self.mariadb: bool | None = None
         self.consecutive_ids = True
         self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
@@ -123,6 +125,9 @@ class MySQLBackend(Backend):
                 if self.mariadb is None:
                     cur.execute(self.Q.server_version)
                     self._check_version(cur.fetchone(), conn)
+                if self.mariadb:
+                    cur.execute(self.Q.session_idle_transaction_limit,
+                                {"seconds": self.transaction_idle_s})
             return conn
 
     def _check_version(self, row: Row, conn: Any) -> None:

@@ -12,6 +12,11 @@ SET time_zone = '+00:00';
 -- name: session_isolation :exec
 SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+-- name: session_idle_transaction_limit :exec
+-- MariaDB only: a transaction left idle (a hung or cut-off exactly-once worker) is rolled
+-- back after this many seconds, releasing its row locks.
+SET SESSION idle_transaction_timeout = %(seconds)s;
+
 -- name: migration_lock :one
 -- Migrators in other processes wait here (DDL cannot be rolled back in MySQL).
 SELECT GET_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %(prefix)s), 60) AS got;

@@ -111,7 +111,8 @@ class PostgresBackend(Backend):
     dialect = "postgres"
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32, connect_timeout_s: float = 10,
-                 application_name: str = "tableq") -> None:
+                 application_name: str = "tableq",
+                 transaction_idle_timeout_s: float = 300.0) -> None:
         self.url, self.where = url, url.redacted
         self.schema = url.namespace
         quoted = f'"{self.schema}"'
@@ -127,6 +128,7 @@ class PostgresBackend(Backend):
         for name in ("sslmode", "sslrootcert", "sslcert", "sslkey", "target_session_attrs"):
             if name in url.params:
                 self.connect_kwargs[name] = url.params[name]
+        self.transaction_idle_ms = str(int(transaction_idle_timeout_s * 1000))
         self._checked = False
         self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
                          socket_of=lambda c: c.fileno())
@@ -165,6 +167,7 @@ class PostgresBackend(Backend):
             with map_errors(self.where):
                 tx = conn.transaction()
                 tx.__enter__()
+                conn.execute(self.Q.transaction_idle_limit, {"ms": self.transaction_idle_ms})
             try:
                 yield conn
             except BaseException as exc:

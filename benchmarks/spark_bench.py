@@ -1,0 +1,157 @@
+"""Spark benchmark (a program, not a test): bulk enqueue into PostgreSQL through the tableq
+writer vs Spark's own JDBC writer into the same kind of table (tableq's message table, same
+indexes, in a second schema), in the same run; then streaming consume throughput.
+
+    .venv/bin/python benchmarks/spark_bench.py --rows 1000000 --stream-rows 200000
+
+Needs Debian's pgJDBC jar for the comparison: apt-get install -y libpostgresql-jdbc-java."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+
+import tableq
+import tableq.url
+from tableq.spark.session import get_session
+
+JAR = "/usr/share/java/postgresql.jar"
+
+
+def _fresh(base: str, tag: str) -> str:
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}schema=bench_{tag}_{uuid.uuid4().hex[:8]}"
+
+
+def _jdbc_url(url: str) -> tuple[str, str, str]:
+    u = tableq.url.parse_url(url)
+    jdbc = (f"jdbc:postgresql://{u.host}:{u.port or 5432}/{u.database}"
+            "?reWriteBatchedInserts=true&stringtype=unspecified")
+    return jdbc, u.user or "postgres", u.password or ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", default=os.environ.get(
+        "TABLEQ_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--stream-rows", type=int, default=200_000)
+    ap.add_argument("--max-rows", type=int, default=50_000, help="stream micro-batch size")
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--master", default="local[2]")
+    args = ap.parse_args()
+    conf = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "2"}
+    have_jar = os.path.exists(JAR)
+    if have_jar:
+        conf["spark.jars"] = JAR
+    spark = get_session(args.master, app_name="tableq-spark-bench", conf=conf)
+    from pyspark.sql import functions as F
+
+    n, parts = args.rows, args.partitions
+    results: list[tuple[str, int, float]] = []
+
+    def frame(rows: int):  # type: ignore[no-untyped-def]
+        return spark.range(0, rows, 1, parts).select(
+            F.struct(F.col("id").alias("n"),
+                     F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("s"))
+            .alias("payload"))
+
+    # Warm-up: JVM, Python workers, planner processes.
+    warm = _fresh(args.url, "warm")
+    tableq.connect(warm, migrate=True).close()
+    frame(1000).write.format("tableq").option("url", warm).option("topic", "w") \
+        .mode("append").save()
+
+    tq_url = _fresh(args.url, "tq")
+    q = tableq.connect(tq_url, migrate=True)
+    t = time.perf_counter()
+    frame(n).write.format("tableq").option("url", tq_url).option("topic", "bench") \
+        .mode("append").save()
+    took = time.perf_counter() - t
+    assert q.stats("bench")[0].ready == n, q.stats("bench")
+    results.append(("batch write: tableq writer (COPY to stage + publish, exactly once)",
+                    n, took))
+
+    if have_jar:
+        jdbc_url = _fresh(args.url, "jdbc")
+        qj = tableq.connect(jdbc_url, migrate=True)
+        schema = tableq.url.parse_url(jdbc_url).namespace
+        jdbc, user, password = _jdbc_url(args.url)
+        df = frame(n).select(
+            F.lit("bench").alias("topic"), F.to_json("payload").alias("payload"),
+            F.current_timestamp().alias("available_at"),
+            F.current_timestamp().alias("first_available_at"))
+        t = time.perf_counter()
+        (df.write.format("jdbc").option("url", jdbc).option("driver", "org.postgresql.Driver")
+         .option("dbtable", f"{schema}.message").option("user", user)
+         .option("password", password).option("batchsize", "10000").mode("append").save())
+        took = time.perf_counter() - t
+        assert qj.stats("bench")[0].ready == n, qj.stats("bench")
+        results.append(("batch write: Spark JDBC writer into the same table (per-task "
+                        "commits, not exactly once)", n, took))
+        qj.purge("bench")
+        qj.close()
+    else:
+        print(f"(no {JAR}: JDBC comparison skipped)", file=sys.stderr)
+
+    m = min(args.stream_rows, n)
+    ck = tempfile.mkdtemp(prefix="tableq-bench-ck-")
+    try:
+        # Consume: the first m messages of the loaded topic, to a noop sink.
+        stream = (spark.readStream.format("tableq").option("url", tq_url)
+                  .option("topic", "bench").option("maxRows", str(args.max_rows)).load())
+        t = time.perf_counter()
+        query = (stream.writeStream.format("noop").option("checkpointLocation", f"{ck}/a")
+                 .trigger(availableNow=True).start())
+        _stop_after(q, query, n - m)
+        took = time.perf_counter() - t
+        results.append((f"stream read (maxRows={args.max_rows}) -> noop, acked", m, took))
+        # Topic to topic, exactly once: bench -> moved through the tableq sink.
+        left = q.stats("bench")[0].ready
+        m2 = min(m, left)
+        t = time.perf_counter()
+        query = (spark.readStream.format("tableq").option("url", tq_url)
+                 .option("topic", "bench").option("maxRows", str(args.max_rows)).load()
+                 .select("payload").writeStream.format("tableq").option("url", tq_url)
+                 .option("topic", "moved").option("payloadFormat", "json")
+                 .option("sinkName", "bench").option("checkpointLocation", f"{ck}/b")
+                 .trigger(availableNow=True).start())
+        _stop_after(q, query, left - m2)
+        took = time.perf_counter() - t
+        moved = q.stats("moved")[0].ready
+        results.append((f"stream a -> b through the tableq sink (maxRows={args.max_rows})",
+                        moved, took))
+    finally:
+        shutil.rmtree(ck, ignore_errors=True)
+    for topic in ("bench", "moved"):
+        q.purge(topic)
+    q.close()
+    print(f"\nPostgreSQL, {args.master}, {parts} partitions, pyspark {spark.version}\n")
+    print("| path | rows | seconds | rows/s |")
+    print("|---|---:|---:|---:|")
+    for name, rows, secs in results:
+        print(f"| {name} | {rows:,} | {secs:.1f} | {rows / secs:,.0f} |")
+    spark.stop()
+
+
+def _stop_after(q: tableq.Queue, query, remaining: int) -> None:  # type: ignore[no-untyped-def]
+    """Runs an AvailableNow query, stopping it early once only `remaining` messages are left
+    (to consume part of a large topic)."""
+    if remaining <= 0:
+        query.awaitTermination()
+        return
+    while query.isActive:
+        if query.awaitTermination(0.5):
+            break
+        if q.stats("bench")[0].ready <= remaining:
+            query.stop()
+            break
+
+
+if __name__ == "__main__":
+    main()
