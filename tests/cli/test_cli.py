@@ -24,8 +24,8 @@ def tq(url: str | None, *args: str, stdin: str | None = None, env: dict | None =
     full_env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(SRC_DIR)])
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "tableq.cli", *(["--url", url] if url else []), *args]
-    return subprocess.run(cmd, input=stdin, check=False, capture_output=True, text=True, timeout=120,
-                          env=full_env, cwd=str(cwd) if cwd else None)
+    return subprocess.run(cmd, input=stdin, check=False, capture_output=True, text=True,
+                          timeout=120, env=full_env, cwd=str(cwd) if cwd else None)
 
 
 def jl(text: str) -> list[dict]:

@@ -27,7 +27,8 @@ def migrate() -> None:
     q = _ctx().queue()
     applied = q.migrate()
     if applied:
-        output.stdout.print(f"applied migrations {', '.join(map(str, applied))} to {q.backend.where}")
+        versions = ", ".join(map(str, applied))
+        output.stdout.print(f"applied migrations {versions} to {q.backend.where}")
     else:
         output.stdout.print(f"{q.backend.where} is up to date")
 

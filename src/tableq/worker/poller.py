@@ -104,7 +104,7 @@ class Waker:
             try:
                 self._listener.close()
             except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
-                events.emit("listener_close_failed", 10, error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                events.emit("listener_close_failed", 10, error=type(exc).__name__)
             self._listener = None
 
     def close(self) -> None:
