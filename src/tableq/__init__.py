@@ -25,10 +25,13 @@ from tableq.message import DeadLetter, Message, SendResult
 from tableq.queue import Queue
 from tableq.stats import TopicStats
 from tableq.transaction import Transaction
+from tableq.worker import App, Backoff
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
+    "Backoff",
     "ConfigurationError",
     "DatabaseError",
     "DatabaseUnavailable",
