@@ -148,24 +148,23 @@ def test_async_timeout_cancels(make_app):
 
 
 def test_heartbeat_keeps_a_long_job_from_redelivery(make_app):
-    # visibility_timeout 1 s, job 3.2 s; a second worker polls the same topic all along.
+    # visibility_timeout 1 s, jobs of 3.2 s; a second worker polls the same topic all along.
     app = make_app(visibility_timeout=1)
     other = make_app(visibility_timeout=1)
     calls: list[int] = []
-    done = threading.Event()
+    lock = threading.Lock()
 
     def handle(message):
-        calls.append(message.id)
+        with lock:
+            calls.append(message.id)
         time.sleep(3.2)  # the long job itself
-        done.set()
 
-    app.handler("long")(handle)
-    other.handler("long")(handle)
-    app.queue.send("long", {})
+    app.handler("long", concurrency=8)(handle)
+    other.handler("long", concurrency=8)(handle)
+    sent = [r.id for r in app.queue.send_many("long", list(range(8)))]
     with running(app.worker()), running(other.worker()):
-        wait_until(done.is_set, timeout=15)
-        wait_until(lambda: app.queue.stats("long")[0].live == 0, timeout=5)
-    assert len(calls) == 1
+        wait_until(lambda: app.queue.stats("long")[0].live == 0, timeout=20)
+    assert sorted(calls) == sorted(sent)  # each job ran once: no redelivery
     assert app.queue.stats("long")[0].dead == 0
 
 

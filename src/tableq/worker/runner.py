@@ -152,9 +152,12 @@ class Lane:
         """Messages to hold beyond the threads: the explicit minimum, or as many as the
         threads will start within prefetch_wait_s at the measured handler duration."""
         adaptive = 0
-        if self.prefetch_wait_s > 0 and self.avg_duration_s is not None:
+        # Short leases shorten the wait too, so most fetched messages start before their
+        # first heartbeat (a third of the lease) is due.
+        wait_s = min(self.prefetch_wait_s, self.spec.visibility_timeout_s / 4)
+        if wait_s > 0 and self.avg_duration_s is not None:
             per_s = self.cmax / max(self.avg_duration_s, 1e-4)
-            adaptive = int(min(FETCH_MAX, per_s * self.prefetch_wait_s))
+            adaptive = int(min(FETCH_MAX, per_s * wait_s))
         return max(self.prefetch, adaptive)
 
     def want(self) -> int:
