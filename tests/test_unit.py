@@ -183,3 +183,24 @@ def test_seconds_parsing() -> None:
     for bad in (-1, float("inf"), "1", True):
         with pytest.raises(ValueError):
             seconds("d", bad, 0)  # type: ignore[arg-type]
+
+
+def test_kinds_from_real_pydantic_and_msgspec_models() -> None:
+    import msgspec
+    import pydantic
+
+    class Email(pydantic.BaseModel):
+        to: str
+
+    class Sms(msgspec.Struct):
+        number: str
+
+    reg = KindRegistry()
+    reg.register("email", model=Email)
+    reg.register("sms", model=Sms)
+    assert reg.encode("email", Email(to="a@b"), 100).json_text == '{"to":"a@b"}'
+    assert reg.encode("sms", {"number": "123"}, 100).json_text == '{"number":"123"}'
+    for kind, bad in (("email", {"to": 1}), ("sms", {"number": None})):
+        with pytest.raises(PayloadInvalid):
+            reg.encode(kind, bad, 100)
+    assert reg.decode("sms", {"number": "9"}) == Sms(number="9")

@@ -35,9 +35,19 @@ class Codec:
 
 
 def codec_for_model(model: Any) -> Codec:
-    """A codec from a pydantic v2 model class (duck-typed: model_validate / model_dump)."""
+    """A codec from a pydantic v2 model class (model_validate / model_dump) or a msgspec
+    Struct class (msgspec.convert / to_builtins), both duck-typed."""
+    if hasattr(model, "__struct_fields__"):
+        import msgspec  # only reached when the user passes a msgspec Struct
+
+        def encode_struct(value: Any) -> Any:
+            obj = value if isinstance(value, model) else msgspec.convert(value, model)
+            return msgspec.to_builtins(obj)
+
+        return Codec(encode=encode_struct, decode=lambda v: msgspec.convert(v, model))
     if not hasattr(model, "model_validate"):
-        raise TypeError(f"{model!r} is not a pydantic model class (no model_validate)")
+        raise TypeError(f"{model!r} is neither a pydantic model class (model_validate) nor a "
+                        "msgspec Struct class")
 
     def encode(value: Any) -> Any:
         obj = value if isinstance(value, model) else model.model_validate(value)
