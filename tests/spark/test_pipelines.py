@@ -154,3 +154,29 @@ def test_load_files(spark, tmp_path: Path) -> None:
     demo = q.peek("demo", limit=1000)
     assert len(demo) == 1000 and sum(m.payload["poison"] for m in demo) == 2
     q.close()
+
+
+def test_demo_steps_compose(spark, tmp_path: Path) -> None:
+    from tableq.spark.steps import spark_archive, spark_load_jobs, spark_report
+
+    url = f"sqlite:///{tmp_path}/demo.db"
+    q = tableq.connect(url, migrate=True, retention=True, max_attempts=3)
+    assert spark_load_jobs(url, 2000, spark=spark, poison_every=500).rows == 2000
+    while batch := q.receive("jobs", max=500, visibility_timeout=0):
+        for m in batch:
+            if m.payload["poison"] or m.attempts <= m.payload["fail_times"]:
+                q.nack(m, error="handler failed")
+            else:
+                q.ack(m)
+    s = q.stats("jobs")[0]
+    assert (s.ready, s.done, s.dead) == (0, 1996, 4)
+    res = spark_archive(url, str(tmp_path / "arch"), spark=spark)
+    assert res.written == {"done": 1996, "dead": 4} == res.purged
+    rep = spark_report(url, str(tmp_path / "r.html"), archive_path=str(tmp_path / "arch"),
+                       spark=spark)
+    row = rep.summary.set_index("topic").loc["jobs"]
+    assert (row.done, row.dead) == (1996, 4)
+    # 200 jobs failed once (fail_every=10) and 4 are poison: (200 - poison among them + 4)
+    retried = sum(1 for i in range(2000) if i % 10 == 9 and i % 500 != 499)
+    assert row.failure_rate == pytest.approx((retried + 4) / 2000)
+    q.close()

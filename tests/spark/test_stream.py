@@ -19,7 +19,8 @@ from tableq.testing import wait_until
 from .conftest import HERE, child_env
 
 
-def test_available_now_drains_and_stops(spark, url: str, tmp_path: Path) -> None:
+def test_available_now_drains_and_stops(spark, any_url: str, tmp_path: Path) -> None:
+    url = any_url
     q = tableq.connect(url, migrate=True, retention=True)
     q.send_many("a", [{"i": i} for i in range(95)])
     q.send("a", {"i": "later"}, delay=3600)  # not due: not part of this run
@@ -59,7 +60,8 @@ def _child(url: str, checkpoint: Path, mode: str, log: Path) -> subprocess.Popen
 
 
 @pytest.mark.slow
-def test_killed_and_restarted_query_is_exactly_once(url: str, tmp_path: Path) -> None:
+def test_killed_and_restarted_query_is_exactly_once(any_url: str, tmp_path: Path) -> None:
+    url = any_url
     n = 150
     q = tableq.connect(url, migrate=True)
     q.send_many("a", [{"i": i} for i in range(n)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -106,8 +107,20 @@ def check_write_schema(schema: StructType) -> tuple[tuple[str, DataType], ...]:
     return tuple((f.name, f.dataType) for f in schema.fields)
 
 
+def _plain(dt: DataType) -> bool:
+    """True when Arrow's to_pylist already gives JSON-able values for this type (structs as
+    dicts, lists, numbers, strings, booleans), so no per-row conversion is needed."""
+    if isinstance(dt, StructType):
+        return all(_plain(f.dataType) for f in dt.fields)
+    if isinstance(dt, ArrayType):
+        return _plain(dt.elementType)
+    return isinstance(dt, INTEGRAL + (FloatType, DoubleType, StringType, BooleanType, NullType))
+
+
 def _jsonable(dt: DataType) -> Callable[[Any], Any]:
     """Converts what Arrow's to_pylist gives for a Spark type into a JSON-able value."""
+    if _plain(dt):
+        return lambda v: v
     if isinstance(dt, StructType):
         subs = [(f.name, _jsonable(f.dataType)) for f in dt.fields]
         return lambda v: None if v is None else {n: c(v.get(n)) for n, c in subs}
@@ -166,6 +179,7 @@ class RowMapper:
 
     def __init__(self, plan: tuple[tuple[str, DataType], ...], opts: WriteOptions) -> None:
         self.plan, self.opts = plan, opts
+        self.columns = {name for name, _ in plan}
 
     def items(self, batch: Any) -> dict[str, list[dict[str, Any]]]:
         types = dict(self.plan)
@@ -173,6 +187,17 @@ class RowMapper:
         n = batch.num_rows
         payload = _payload_converter(types["payload"], self.opts.payload_format)
         out: dict[str, list[dict[str, Any]]] = {}
+        if set(cols) == {"payload"} and self.opts.topic is not None:
+            values = cols["payload"]
+            dt = types["payload"]
+            if not _plain(dt) or (isinstance(dt, StringType)
+                                  and self.opts.payload_format == "json"):
+                values = [payload(v) for v in values]
+            # A bare value is a payload for stage_many, unless it is a dict with a "payload"
+            # field (then it must be wrapped to stay the payload).
+            out[self.opts.topic] = [{"payload": v} if isinstance(v, dict) and "payload" in v
+                                    else v for v in values]
+            return out
         topics = cols.get("topic")
         raw = cols.get("payload_bytes")
         for i in range(n):
@@ -220,7 +245,8 @@ def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: 
     rows = 0
     for batch in batches:
         for topic, items in mapper.items(batch).items():
-            kinds = {it["kind"] for it in items if "kind" in it}
+            kinds = ({it["kind"] for it in items if "kind" in it}
+                     if "kind" in mapper.columns else set())
             if kinds:
                 ensure_kinds(q, kinds)
             # One short transaction per Arrow batch: staged rows are invisible anyway, and
@@ -248,14 +274,16 @@ class TableqWriter(DataSourceArrowWriter):
         if self.opts.fault == "commit":
             raise RuntimeError("fault injected into commit() by option _fault=commit")
         parts = _parts(messages)
+        started = time.perf_counter()
         n = queue_for(self.opts.url).publish_staged(self.job, parts,
                                                    on_duplicate=self.opts.on_duplicate)
         staged = sum(m.rows for m in messages if isinstance(m, StagedPart))
         if n is None:
             log.info("tableq.load_skipped job=%s reason=already_committed", self.job)
         else:
-            log.info("tableq.load_committed job=%s parts=%d staged=%d published=%d",
-                     self.job, len(parts), staged, n)
+            log.info("tableq.load_committed job=%s parts=%d staged=%d published=%d "
+                     "publish_s=%.2f", self.job, len(parts), staged, n,
+                     time.perf_counter() - started)
 
     def abort(self, messages: list[Any]) -> None:
         n = queue_for(self.opts.url).discard_staged(self.job)
