@@ -102,15 +102,21 @@ class _Tracker:
 class _TrackedTransaction(Transaction):
     """The exactly-once transaction handed to a handler; remembers what it acked."""
 
-    def __init__(self, queue: Queue, connection: Any) -> None:
+    def __init__(self, queue: Queue, connection: Any,
+                 before_settle: Callable[[Message], None]) -> None:
         super().__init__(queue, connection)
         self.settled: set[int] = set()
+        self._before_settle = before_settle
 
     def ack(self, msg: Message) -> None:
+        # Stop heartbeats first: one issued after this ack locks the row would wait for the
+        # commit and then find the row gone, a false "lease lost".
+        self._before_settle(msg)
         super().ack(msg)
         self.settled.add(msg.id)
 
     def dead_letter(self, msg: Message, error: str) -> None:
+        self._before_settle(msg)
         super().dead_letter(msg, error)
         self.settled.add(msg.id)
 
@@ -415,6 +421,10 @@ class Worker:
         if not self._settle(spec, msg, outcome, tracker) and self._heartbeater is not None:
             self._heartbeater.drop(msg)
 
+    def _unhold(self, msg: Message) -> None:
+        if self._heartbeater is not None:
+            self._heartbeater.drop(msg)
+
     def _acked(self, msg: Message, duration_s: float) -> None:
         if self._heartbeater is not None:
             self._heartbeater.drop(msg)
@@ -431,7 +441,7 @@ class Worker:
         def body(msg: Message) -> Outcome:
             try:
                 with self.queue.transaction() as tx:
-                    ttx = _TrackedTransaction(self.queue, tx.connection)
+                    ttx = _TrackedTransaction(self.queue, tx.connection, self._unhold)
                     inner = self.executor.run(spec.fn, dataclasses.replace(msg, _transaction=ttx),
                                               None)
                     if not inner.ok:
