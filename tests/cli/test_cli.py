@@ -184,3 +184,11 @@ def test_stats_watch_refreshes_and_quits_on_ctrl_c(db_url, tmp_path):
             proc.kill()
     assert proc.returncode == 0
     assert "backlog Δ/s" in out.read_text()
+
+
+@pytest.mark.parametrize("extra", [(), ("--processes", "2")])
+def test_worker_on_unmigrated_database_fails_fast(tmp_path, extra):
+    r = tq(f"sqlite:///{tmp_path}/none.db", "worker", "effects_app:app", *extra,
+           env={"EFFECTS": str(tmp_path / "fx")}, cwd=APPS_DIR)
+    assert r.returncode == 1 and "tableq migrate" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -90,6 +90,9 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
     if processes > 1:
         from tableq.worker import supervisor
 
+        app.check(list(topics) or None)  # one clear error here, not N crash-looping children
+        app.close()
+
         argv = [*(["--url", obj.url] if obj.url_given else []), *(["--debug"] if obj.debug else []),
                 "worker", app_spec, "--log-level", log_level,
                 *[a for t in topics for a in ("--topic", t)],

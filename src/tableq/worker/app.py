@@ -189,6 +189,16 @@ class App:
 
     # --- running ----------------------------------------------------------------------------------
 
+    def check(self, topics: Sequence[str] | None = None) -> None:
+        """Fails fast, with the database's own error (unreachable, not migrated), instead of
+        letting a worker start and retry forever. Cheap: one clock read, one index probe."""
+        q = self.queue
+        q.now()
+        chosen = list(topics) if topics else list(self.handlers) or [
+            j.topic for j in self.periodic.values()]
+        if chosen:
+            q.peek(chosen[0], 1)
+
     def _specs(self, topics: Iterable[str] | None) -> list[HandlerSpec]:
         import dataclasses
 
@@ -257,6 +267,8 @@ class App:
             if self._queue is not None:
                 raise ConfigurationError("run_worker(processes=N) must start before the App "
                                          "connects (children cannot share its connections)")
+            self.check(topics)
+            self.close()  # children open their own connections
             ctx = multiprocessing.get_context("fork")
 
             def start(_: int) -> supervisor.Child:
@@ -267,6 +279,7 @@ class App:
                 return supervisor.ProcessChild(p)
             return supervisor.supervise(start, processes, burst=burst,
                                         install_signals=install_signals)
+        self.check(topics)
         worker = self.worker(topics, concurrency=concurrency, burst=burst, prefetch=prefetch,
                              grace_period=grace_period, exit_on_timeout=exit_on_timeout)
         supervisor.run_foreground(worker, install_signals=install_signals)

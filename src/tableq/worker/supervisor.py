@@ -4,6 +4,7 @@ SIGTERM/SIGINT stops gracefully, a second exits at once), and supervises N worke
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ from tableq.worker.runner import Worker
 EXIT_AT_ONCE = 130  # what a second signal exits with (128 + SIGINT, by shell convention)
 EXIT_RESTART = 75  # a child asks to be replaced (a handler thread timed out and still runs)
 RESTART_DELAY_MAX_S = 10.0
+GIVE_UP_AFTER_FAST_FAILS = 5  # a child that dies this often in a row, soon after starting
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -169,6 +171,15 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
                     continue
                 fast = now - started[i] < 5.0 and code != EXIT_RESTART
                 fails[i] = fails[i] + 1 if fast else 0
+                if fails[i] >= GIVE_UP_AFTER_FAST_FAILS:
+                    events.emit("giving_up", logging.ERROR, pid=c.pid, code=code,
+                                fast_failures=fails[i])
+                    stopping.set()
+                    for other in children:
+                        if other is not None:
+                            other.signal(signal.SIGTERM)
+                    worst = max(worst, abs(code) or 1)
+                    continue
                 delay = min(RESTART_DELAY_MAX_S, 0.5 * 2 ** fails[i]) if fails[i] else 0.0
                 events.emit("child_exited", 30, pid=c.pid, code=code, restart_in_s=delay)
                 restart_at[i] = now + delay
