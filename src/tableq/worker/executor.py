@@ -12,7 +12,6 @@ is replaced by a fresh process once its other handlers are done."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 import time
@@ -21,7 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import asyncio
 
 Status = Literal["ok", "error", "timeout", "lease_lost"]
 
@@ -54,6 +56,8 @@ class Executor:
         self._lock = threading.Lock()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
+        import asyncio  # only workers with async handlers pay for it
+
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
@@ -74,6 +78,8 @@ class Executor:
         """Calls fn(arg) (awaiting it if it is a coroutine function) within timeout_s."""
         start = time.monotonic()
         if inspect.iscoroutinefunction(fn):
+            import asyncio
+
             fut = asyncio.run_coroutine_threadsafe(fn(arg), self._event_loop())
             try:
                 value = fut.result(timeout=timeout_s)
@@ -115,6 +121,8 @@ def fn_result(value: Any, executor: Executor) -> Outcome | None:
     """A sync function that returned an awaitable (e.g. a lambda around a coroutine) is
     awaited on the executor's loop."""
     if inspect.isawaitable(value):
+        import asyncio
+
         start = time.monotonic()
 
         async def wait() -> Any:
