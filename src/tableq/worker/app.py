@@ -49,7 +49,11 @@ class App:
 
     `app = tableq.App("postgresql://...")`, or `App()` for $TABLEQ_URL or the embedded
     SQLite file. Extra keyword arguments go to tableq.connect() (max_attempts,
-    visibility_timeout, migrate, ...)."""
+    visibility_timeout, migrate, ...). Worker settings: poll_interval_min/max (adaptive
+    polling), grace_period (shutdown), prefetch (messages always fetched beyond free
+    threads), prefetch_wait (fetch ahead what the threads start within this many seconds;
+    0 fetches only for free threads, so a worker killed -9 never holds unstarted messages),
+    use_notify (PostgreSQL LISTEN/NOTIFY wake-up)."""
 
     def __init__(
         self,
@@ -60,6 +64,7 @@ class App:
         poll_interval_max: float = POLL_INTERVAL_MAX_S,
         grace_period: float | timedelta = DEFAULT_GRACE_PERIOD_S,
         prefetch: int = 0,
+        prefetch_wait: float = 0.5,
         use_notify: bool = True,
         **connect_options: Any,
     ) -> None:
@@ -75,6 +80,7 @@ class App:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise InvalidArgument(f"prefetch must be a whole number >= 0, not {prefetch!r}")
         self.prefetch = prefetch
+        self.prefetch_wait_s = seconds("prefetch_wait", prefetch_wait, 0.5)
         self.use_notify = bool(use_notify)
         self.handlers: dict[str, HandlerSpec] = {}
         self.periodic: dict[str, PeriodicJob] = {}
@@ -238,6 +244,7 @@ class App:
         options = WorkerOptions(
             concurrency=concurrency, burst=burst,
             prefetch=self.prefetch if prefetch is None else prefetch,
+            prefetch_wait_s=self.prefetch_wait_s,
             grace_period_s=self.grace_period_s if grace_period is None else grace_period,
             poll=self.poll, use_listener=self.use_notify, exit_on_timeout=exit_on_timeout)
         jobs = list(self.periodic.values()) if periodic and not burst else []
