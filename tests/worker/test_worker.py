@@ -314,6 +314,24 @@ def test_periodic_job_once_per_tick_with_three_workers(make_app):
     assert [round(b - a, 3) for a, b in itertools.pairwise(seconds_)] == [1.0] * (len(stamps) - 1)
 
 
+def test_burst_waits_for_its_own_retries(make_app):
+    app = make_app()
+    runs: Counter[int] = Counter()
+
+    @app.handler("transient", retry=Backoff(base=0.3, jitter=False))
+    def handle(message):
+        runs[message.payload] += 1
+        if message.attempts < 3:
+            raise ConnectionError("upstream timed out")
+
+    app.queue.send_many("transient", list(range(5)))
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert runs == {n: 3 for n in range(5)}
+    assert app.queue.stats("transient")[0].live == 0
+    assert worker.stats["retried"] == 10 and worker.stats["acked"] == 5
+
+
 def test_burst_exits_on_empty_queue(make_app):
     app = make_app()
 

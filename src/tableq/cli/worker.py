@@ -62,7 +62,8 @@ def load_app(spec: str) -> Any:
               help="Threads per topic (overrides each handler's concurrency).")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes, for CPU-bound handlers.")
-@click.option("--burst", is_flag=True, help="Drain what is due, then exit.")
+@click.option("--burst", is_flag=True, help="Drain what is due (and the retries this "
+              "worker schedules), then exit.")
 @click.option("--prefetch", type=click.IntRange(min=0), default=None,
               help="Messages fetched beyond free threads, per topic (default 0).")
 @click.option("--grace-period", type=click.FloatRange(min=0), default=None,

@@ -264,7 +264,8 @@ class App:
     ) -> int:
         """Runs handlers until SIGTERM/SIGINT (graceful: running handlers get the grace
         period, fetched-but-unstarted messages are released; a second signal exits at once)
-        or, with burst=True, until no message is due and none is running. processes=N runs N
+        or, with burst=True, until no message is due, none is running and every retry this
+        worker scheduled has come due and been run. processes=N runs N
         worker processes (fork) for CPU-bound handlers. Returns an exit code (0 = clean)."""
         from tableq.worker import supervisor
 

@@ -292,6 +292,7 @@ class Worker:
         self.running = threading.Event()
         self.waiting = threading.Event()  # set while parked waiting for work (tests, demos)
         self.restart_requested = False
+        self._retry_due = 0.0  # monotonic: when the last retry this worker scheduled is due
 
     # --- control ------------------------------------------------------------------------------
 
@@ -348,8 +349,9 @@ class Worker:
             if found:
                 delay = 0.0
                 continue
-            if self.options.burst and not any(lane.busy() for lane in self.lanes):
-                # Nothing due was found and nothing runs: the queue is drained.
+            if (self.options.burst and not any(lane.busy() for lane in self.lanes)
+                    and time.monotonic() >= self._retry_due):
+                # Nothing due, nothing running, no retry of ours still to come: drained.
                 if self._drained():
                     break
                 continue
@@ -504,6 +506,8 @@ class Worker:
                 return True
             if decision.action == "retry":
                 self.queue.nack(msg, delay=decision.delay_s, error=decision.error)
+                with self._stats_lock:
+                    self._retry_due = max(self._retry_due, time.monotonic() + decision.delay_s)
                 self._count("retried")
                 events.emit(events.RETRIED, logging.WARNING, **fields,
                             delay_s=round(decision.delay_s, 3), error=_first_line(decision.error))
