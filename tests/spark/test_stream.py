@@ -87,3 +87,19 @@ def test_killed_and_restarted_query_is_exactly_once(any_url: str, tmp_path: Path
     a = q.stats("a")[0]
     assert (a.ready, a.in_flight, a.scheduled) == (0, 0, 0)
     q.close()
+
+
+def test_stream_sink_rejects_bad_columns_when_the_query_starts(spark, tmp_path: Path) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    q = tableq.connect(url, migrate=True)
+    q.send("a", {"i": 1})
+    src = spark.readStream.format("tableq").option("url", url).option("topic", "a").load()
+    query = (src.select("id", "payload").writeStream.format("tableq").option("url", url)
+             .option("topic", "b").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    with pytest.raises(StreamingQueryException, match="column 'id': unknown column"):
+        query.awaitTermination(60)
+    assert q.stats("b")[0].ready == 0
+    q.close()
