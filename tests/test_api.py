@@ -108,6 +108,19 @@ def test_heartbeat_extends_lease_and_saves_progress(q: tableq.Queue) -> None:
     m2.ack()
 
 
+def test_heartbeat_many_extends_held_leases_and_leaves_out_lost_ones(q: tableq.Queue) -> None:
+    q.send_many("hm", [1, 2, 3])
+    msgs = q.receive("hm", max=3, visibility_timeout=0.2)
+    wait_until(lambda: q.stats("hm")[0].ready == 3, timeout=5)
+    (retaken,) = q.receive("hm", max=1, visibility_timeout=60)
+    held = q.heartbeat_many(msgs, extend=60)
+    assert sorted(m.id for m in held) == sorted(m.id for m in msgs if m.id != retaken.id)
+    assert all(m.lease_expires_at > retaken.received_at for m in held)
+    assert q.stats("hm")[0].in_flight == 3
+    q.ack_many([*held, retaken])
+    assert q.max_attempts_for("hm") == 5 and q.max_attempts_for("hm", 2) == 2
+
+
 def test_max_attempts_dead_letters_with_last_error(q: tableq.Queue) -> None:
     q.send("poison", {"bad": True})
     for attempt in range(1, 4):
@@ -224,7 +237,7 @@ def test_ack_many_reports_lost_leases_after_acking_the_rest(q: tableq.Queue) -> 
     (retaken,) = q.receive("am", max=1)
     with pytest.raises(LeaseLost) as err:
         q.ack_many(msgs)
-    assert err.value.message_id == retaken.id
+    assert err.value.message_id == retaken.id and err.value.message_ids == [retaken.id]
     assert q.stats("am")[0].live == 1
     retaken.ack()
 

@@ -109,11 +109,18 @@ class DuplicateMessage(TableqError):
 
 
 class LeaseLost(TableqError):
-    def __init__(self, topic: str, message_id: int, action: str = "ack") -> None:
+    """`message_id` is the (first) message whose lease was lost; `message_ids` lists all of
+    them when one call settled several messages."""
+
+    def __init__(self, topic: str, message_id: int, action: str = "ack",
+                 message_ids: list[int] | None = None) -> None:
         self.topic, self.message_id, self.action = topic, message_id, action
+        self.message_ids = message_ids or [message_id]
+        more = len(self.message_ids) - 1
+        also = f" (and {more} more: {self.message_ids[1:6]})" if more > 0 else ""
         super().__init__(
-            f"cannot {action} message {message_id} on {topic!r}: its lease expired and it was "
-            "taken by another receiver, acked, or replaced, so nothing was changed; call "
+            f"cannot {action} message {message_id}{also} on {topic!r}: its lease expired and "
+            "it was taken by another receiver, acked, or replaced, so nothing was changed; call "
             "heartbeat() during long handlers or raise visibility_timeout"
         )
 

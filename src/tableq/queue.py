@@ -133,6 +133,11 @@ class Queue:
         if max_attempts is not None:
             self._topic_max_attempts[topic] = _positive_int("max_attempts", max_attempts)
 
+    def max_attempts_for(self, topic: str, override: int | None = None) -> int:
+        """The max_attempts a receive on `topic` uses: the override, else the topic's
+        configured value, else the queue's default."""
+        return self._max_attempts(check_topic(topic), override)
+
     def _max_attempts(self, topic: str, override: int | None) -> int:
         if override is not None:
             return _positive_int("max_attempts", override)
@@ -338,9 +343,9 @@ class Queue:
         if not refs:
             return
         done = self.backend.ack(refs, self.retention, connection)
-        for m in msgs:
-            if m.id not in done:
-                raise LeaseLost(m.topic, m.id, "ack")
+        lost = [m for m in msgs if m.id not in done]
+        if lost:
+            raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
 
     def nack(self, msg: Message, *, delay: float | timedelta | None = None,
              error: str | None = None) -> None:
@@ -378,6 +383,18 @@ class Queue:
             raise LeaseLost(msg.topic, msg.id, "heartbeat")
         return _replace(msg, available_at=until,
                         progress=progress if progress is not None else msg.progress)
+
+    def heartbeat_many(self, msgs: Sequence[Message], *,
+                       extend: float | timedelta | None = None) -> list[Message]:
+        """Extends many leases in one statement. Returns the messages still held, with their
+        new lease expiry; the ones missing from the result had lost their lease (nothing was
+        changed for them)."""
+        refs = [self._leased(m, "heartbeat") for m in msgs]
+        if not refs:
+            return []
+        until = self.backend.extend_many(refs, seconds("extend", extend,
+                                                       self.visibility_timeout_s))
+        return [_replace(m, available_at=until[m.id]) for m in msgs if m.id in until]
 
     def dead_letter(self, msg: Message, error: str, *, connection: Any = None) -> None:
         """Moves the message to the dead-letter store with `error`, if the lease still holds."""

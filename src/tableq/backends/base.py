@@ -132,6 +132,9 @@ class Backend(ABC):
         self, msg_id: int, lease: str, extend_s: float, progress_json: str | None
     ) -> datetime | None: ...
     @abstractmethod
+    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
+        """Extends the leases still held under (id, lease); returns {id: new expiry}."""
+    @abstractmethod
     def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool: ...
     @abstractmethod
     def peek(self, topic: str, limit: int) -> list[Row]: ...

@@ -379,6 +379,20 @@ class MySQLBackend(Backend):
             return _ts(found["available_at"]) if found else None
         return self._run(run, tx=True)
 
+    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
+        def run(cur: Any) -> dict[int, datetime]:
+            out: dict[int, datetime] = {}
+            for part in chunks(refs, BATCH_ROWS):
+                ids = tuple(r["id"] for r in self._all_raw(
+                    cur, self.Q.message_held, {"refs": tuple(part)}))
+                if ids:
+                    cur.execute(self.Q.message_extend_many,
+                                {"ids": ids, "extend_us": _us(extend_s)})
+                    out.update((r["id"], _ts(r["available_at"])) for r in self._all_raw(
+                        cur, self.Q.message_due_at, {"ids": ids}))
+            return out
+        return self._run(run, tx=True)
+
     def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error}
 

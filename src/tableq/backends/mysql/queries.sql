@@ -132,6 +132,13 @@ WHERE id = %(id)s AND lease = %(lease)s;
 -- name: message_lease_until :one
 SELECT available_at FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
 
+-- name: message_extend_many :exec
+UPDATE {p}message SET available_at = NOW(6) + INTERVAL %(extend_us)s MICROSECOND
+WHERE id IN %(ids)s;
+
+-- name: message_due_at :many
+SELECT id, available_at FROM {p}message WHERE id IN %(ids)s;
+
 -- name: message_bury :exec
 INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)

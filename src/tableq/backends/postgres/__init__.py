@@ -322,6 +322,12 @@ class PostgresBackend(Backend):
         found = self._run(lambda cur: cur.execute(self.Q.message_extend, params).fetchone())
         return _ts(found["available_at"]) if found else None
 
+    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
+        params = {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs],
+                  "extend_s": float(extend_s)}
+        rows = self._run(lambda cur: cur.execute(self.Q.message_extend_many, params).fetchall())
+        return {r["id"]: _ts(r["available_at"]) for r in rows}
+
     def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error}
         return self._run(

@@ -175,6 +175,13 @@ SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s),
 WHERE id = %(id)s AND lease = %(lease)s
 RETURNING available_at;
 
+-- name: message_extend_many :many
+UPDATE {schema}.message m
+SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
+FROM unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+WHERE m.id = a.id AND m.lease = a.lease
+RETURNING m.id, m.available_at;
+
 -- name: message_bury :one
 WITH gone AS (
     DELETE FROM {schema}.message WHERE id = %(id)s AND lease = %(lease)s RETURNING *

@@ -306,6 +306,15 @@ class SQLiteBackend(Backend):
         found = self._write(lambda c: c.execute(self.Q.message_extend, params).fetchone())
         return _ts(found[0]) if found else None
 
+    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
+        def run(c: sqlite3.Connection) -> dict[int, datetime]:
+            out: dict[int, datetime] = {}
+            for part in chunks(refs, 500):
+                p = {"refs": json.dumps([[i, lease] for i, lease in part]), "extend_s": extend_s}
+                out.update((r[0], _ts(r[1])) for r in c.execute(self.Q.message_extend_many, p))
+            return out
+        return self._write(run)
+
     def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         def run(c: sqlite3.Connection) -> bool:
             params = {"id": msg_id, "lease": lease, "error": error}

@@ -114,6 +114,11 @@ SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s,
 WHERE id = :id AND lease = :lease
 RETURNING available_at;
 
+-- name: message_extend_many :many
+UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
+WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs))
+RETURNING id, available_at;
+
 -- name: message_bury :exec
 INSERT INTO {p}dead (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)
