@@ -3,7 +3,6 @@ restarted query (same checkpoint) loses nothing and duplicates nothing from topi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

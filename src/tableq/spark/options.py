@@ -16,8 +16,8 @@ SOURCES = {"live": "live", "dead": "dead", "archive": "done", "done": "done"}
 ON_DUPLICATE = ("ignore", "replace")
 PAYLOAD_FORMATS = ("string", "json")
 # Columns the sink understands; anything else in the DataFrame is refused at planning.
-WRITE_COLUMNS = ("payload", "payload_bytes", "topic", "key", "kind", "headers", "priority", "delay_s",
-                 "available_at")
+WRITE_COLUMNS = ("payload", "payload_bytes", "topic", "key", "kind", "headers", "priority",
+                 "delay_s", "available_at")
 MAX_ROWS_DEFAULT = 1000
 LEASE_SECONDS_DEFAULT = 300.0
 STALE_JOB_SECONDS_DEFAULT = 3600.0
