@@ -154,7 +154,8 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_help_lists_exactly_the_commands():
     r = tq(None, "--help")
     assert r.returncode == 0
-    for name in ("migrate", "send", "receive", "stats", "peek", "dead", "purge", "worker"):
+    for name in ("migrate", "send", "receive", "stats", "peek", "dead", "purge", "worker",
+                 "demo"):
         assert f"  {name}" in r.stdout
 
 
@@ -192,3 +193,31 @@ def test_worker_on_unmigrated_database_fails_fast(tmp_path, extra):
            env={"EFFECTS": str(tmp_path / "fx")}, cwd=APPS_DIR)
     assert r.returncode == 1 and "tableq migrate" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_demo_without_spark_processes_retries_and_dead_letters(tmp_path):
+    # The demo poisons every 2000th job, so 2000 jobs is the fewest that show a dead letter.
+    out = tmp_path / "demo"
+    r = tq(None, "demo", "--no-spark", "--jobs", "2000", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "dead letter" in r.stdout and "done" in r.stdout
+    assert "processed 1,999 jobs" in r.stdout
+    assert (out / "tableq.db").exists()  # no --url: a fresh SQLite file under --out
+
+
+def test_demo_uses_the_global_url(db_url, tmp_path):
+    r = tq(db_url, "demo", "--no-spark", "--jobs", "300", "--concurrency", "4",
+           "--out", str(tmp_path / "demo"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "done" in r.stdout
+    assert not (tmp_path / "demo" / "tableq.db").exists()
+    with tableq.connect(db_url) as q:
+        s = q.stats("jobs")[0]
+        assert (s.live, s.dead) == (0, 0)
+
+
+def test_demo_refuses_to_empty_a_directory_it_did_not_write(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    r = tq(None, "demo", "--no-spark", "--jobs", "10", "--out", str(tmp_path))
+    assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr
+    assert (tmp_path / "notes.txt").read_text() == "keep me"

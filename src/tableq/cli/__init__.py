@@ -68,9 +68,9 @@ def cli(ctx: click.Context, url: str, debug: bool) -> None:
 
 
 def _register() -> None:
-    from tableq.cli import dead, queue_cmds, stats, worker
+    from tableq.cli import dead, demo, queue_cmds, stats, worker
 
-    for command in (*queue_cmds.COMMANDS, dead.dead, stats.stats, worker.worker):
+    for command in (*queue_cmds.COMMANDS, dead.dead, stats.stats, worker.worker, demo.demo):
         cli.add_command(command)
     _add_pipeline()
 

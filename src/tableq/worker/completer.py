@@ -69,9 +69,9 @@ class Completer:
         try:
             self._queue.ack_many(msgs)
         except LeaseLost as exc:
-            # ack_many acks every message still held in one statement, then names the first
-            # lost one. (It does not say whether others were lost too; see docs/worker.md.)
-            lost.add(exc.message_id)
+            # ack_many acked every message still held in one statement, then named all the
+            # lost ones: the rest of the batch is acked.
+            lost.update(exc.message_ids)
         except TableqError as exc:
             # The backend already retried what was safe to retry. The leases will run out and
             # the messages come back: at-least-once still holds.

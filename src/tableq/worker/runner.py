@@ -497,7 +497,7 @@ class Worker:
                 self.restart_requested = True
                 self.stop()
         decision = decide(succeeded=outcome.ok, attempts=msg.attempts,
-                          max_attempts=self.queue._max_attempts(msg.topic, spec.max_attempts),
+                          max_attempts=self.queue.max_attempts_for(msg.topic, spec.max_attempts),
                           backoff=spec.retry, error=outcome.error, rng=self._rng)
         try:
             if decision.action == "ack":
