@@ -344,9 +344,8 @@ def test_burst_exits_on_empty_queue(make_app):
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # LISTEN/NOTIFY
 def test_notify_wakes_idle_worker(make_app, db_url):
-    if not db_url.startswith("postgres"):
-        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
     # Polling every 10 s could not explain a pickup within a second: NOTIFY must.
     app = make_app(poll_interval_min=10, poll_interval_max=10)
     picked = threading.Event()
@@ -366,10 +365,9 @@ def test_notify_wakes_idle_worker(make_app, db_url):
     assert latency < 1.0, latency
 
 
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # LISTEN/NOTIFY
 def test_lost_listen_connection_falls_back_to_polling_then_reconnects(make_app, db_url,
                                                                       caplog, monkeypatch):
-    if not db_url.startswith("postgres"):
-        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
     import psycopg
 
     from tableq.worker import poller
