@@ -107,6 +107,20 @@ def test_task_retry_publishes_each_row_once(spark, any_url: str, tmp_path: Path)
     q.close()
 
 
+def test_task_failing_after_staging_is_retried_and_published_once(spark, any_url: str) -> None:
+    q = tableq.connect(any_url, migrate=True)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        df = spark.range(0, 1000, 1, 2).select(F.struct(F.col("id").alias("n")).alias("payload"))
+        _save(df, any_url, jobId="fault-task", _fault="task")
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    # Attempt 0 of partition 1 staged 100 rows and failed; only attempt 1 was published.
+    got = sorted(m.payload["n"] for m in _all(q, "jobs"))
+    assert got == list(range(1000))
+    q.close()
+
+
 def test_every_attempt_failing_leaves_nothing(spark, url: str) -> None:
     q = tableq.connect(url, migrate=True)
 
@@ -200,4 +214,38 @@ def test_due_times_follow_delay(spark, url: str) -> None:
     got = q.receive("jobs", max=10)
     assert [m.payload for m in got] == [{"a": 1}]
     assert got[0].available_at - q.now() < timedelta(seconds=60)
+    q.close()
+
+
+@pytest.mark.slow
+def test_a_killed_driver_leaves_nothing_visible_and_the_janitor_cleans_up(
+        spark, url: str, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tableq.testing import wait_until
+
+    from .conftest import HERE, child_env
+
+    q = tableq.connect(url, migrate=True)
+    log = tmp_path / "child.log"
+    with open(log, "wb") as out:
+        child = subprocess.Popen([sys.executable, str(HERE / "_write_child.py"), url, "killed"],
+                                 stdout=out, stderr=subprocess.STDOUT, env=child_env(),
+                                 start_new_session=True)
+    try:
+        wait_until(lambda: q.staged_job_state("killed") == "open" or child.poll() is not None,
+                   timeout=120, interval=0.05)
+        assert child.poll() is None, log.read_text()[-3000:]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)  # its own session: only what this test started
+        child.wait()
+    assert q.stats("jobs")[0].ready == 0  # staged, never published
+    assert q.staged_job_state("killed") == "open"
+    _save(spark.range(3).select(F.struct("id").alias("payload")), url, staleJobSeconds="0")
+    assert q.staged_job_state("killed") == "aborted"
+    assert q.stats("jobs")[0].ready == 3
     q.close()

@@ -139,7 +139,9 @@ class WriteOptions:
     job_id: str | None
     stale_job_seconds: float
     sink_name: str | None
-    fault: str | None  # fault injection for tableq's own tests: "commit"
+    # Fault injection for tableq's own tests: "commit" raises in commit(); "task" fails the
+    # first attempt of partition 1 after it staged its first Arrow batch.
+    fault: str | None
 
     @classmethod
     def parse(cls, opts: Mapping[str, str], columns: list[str] | None = None) -> WriteOptions:

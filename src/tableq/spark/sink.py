@@ -252,6 +252,10 @@ def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: 
             # One short transaction per Arrow batch: staged rows are invisible anyway, and
             # SQLite's single writer lock is not held across a whole task.
             rows += q.stage_many(job, part, topic, items, on_duplicate=opts.on_duplicate)
+        if opts.fault == "task" and partition == 1 and ctx is not None \
+                and ctx.attemptNumber() == 0:
+            raise RuntimeError(f"fault injected into task attempt {part} after staging "
+                               f"{rows} rows (option _fault=task)")
     return StagedPart(job, part, partition, rows)
 
 
