@@ -17,7 +17,8 @@ from tableq.spark.pipelines.requeue import requeue
 from tableq.spark.report import compute, report
 
 
-def test_requeue_routes_and_sorts(spark, url: str, tmp_path: Path) -> None:
+def test_requeue_routes_and_sorts(spark, any_url: str, tmp_path: Path) -> None:
+    url = any_url
     q = tableq.connect(url, migrate=True)
     items = [{"payload": {"region": "eu" if i % 3 else "us", "rank": (i * 7) % 20},
               "key": f"k{i}"} for i in range(20)]
@@ -55,7 +56,8 @@ def _history(url: str) -> tableq.Queue:
 
 
 def test_archive_is_idempotent_after_a_crash_between_write_and_purge(
-        spark, url: str, tmp_path: Path) -> None:
+        spark, any_url: str, tmp_path: Path) -> None:
+    url = any_url
     q = _history(url)
     out = str(tmp_path / "archive")
     before = {s.topic: (s.done, s.dead) for s in q.stats()}
