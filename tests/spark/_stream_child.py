@@ -11,7 +11,7 @@ from tableq.spark.session import get_session
 HERE = Path(__file__).resolve().parent
 
 
-def main(url: str, checkpoint: str, mode: str, max_rows: str) -> None:
+def main(url: str, checkpoint: str, mode: str, max_rows: str, fault: str = "") -> None:
     spark = get_session("local[2,2]", app_name=f"tableq-stream-child-{mode}", quiet=True, conf={
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
@@ -19,7 +19,8 @@ def main(url: str, checkpoint: str, mode: str, max_rows: str) -> None:
         f"-Dlog4j2.configurationFile=file://{HERE / 'log4j2-quiet.properties'}",
     })
     src = (spark.readStream.format("tableq").option("url", url).option("topic", "a")
-           .option("maxRows", max_rows).option("numPartitions", "2").load())
+           .option("maxRows", max_rows).option("numPartitions", "2")
+           .option("_fault", fault).load())
     writer = (src.select("payload", "key").writeStream.format("tableq")
               .option("url", url).option("topic", "b").option("payloadFormat", "json")
               .option("sinkName", "a-to-b").option("checkpointLocation", checkpoint))

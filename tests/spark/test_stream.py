@@ -51,10 +51,12 @@ def test_max_rows_and_bad_stream_options(spark, tmp_path: Path) -> None:
         spark.readStream.format("tableq").option("url", url).load()
 
 
-def _child(url: str, checkpoint: Path, mode: str, log: Path) -> subprocess.Popen[bytes]:
+def _child(url: str, checkpoint: Path, mode: str, log: Path,
+           fault: str = "") -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, str(HERE / "_stream_child.py"), url, str(checkpoint), mode, "15"],
+            [sys.executable, str(HERE / "_stream_child.py"), url, str(checkpoint), mode, "15",
+             fault],
             stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
 
 
@@ -101,4 +103,27 @@ def test_stream_sink_rejects_bad_columns_when_the_query_starts(spark, tmp_path: 
     with pytest.raises(StreamingQueryException, match="column 'id': unknown column"):
         query.awaitTermination(60)
     assert q.stats("b")[0].ready == 0
+    q.close()
+
+
+@pytest.mark.slow
+def test_a_batch_leased_but_never_logged_is_taken_over_on_restart(url: str,
+                                                                  tmp_path: Path) -> None:
+    """The driver dies after latestOffset leased batch 3 and before Spark wrote offsets/2 (batch
+    ids count from 0): the restarted query must reuse those leases at once, not wait for them
+    to expire (leaseSeconds is 300)."""
+    n = 60
+    q = tableq.connect(url, migrate=True)
+    q.send_many("a", [{"i": i} for i in range(n)])
+    ck, log = tmp_path / "ck", tmp_path / "child.log"
+    crashed = _child(url, ck, "run", log, fault="exit-after-claim:3")
+    assert crashed.wait(timeout=180) != 0, log.read_text()[-3000:]
+    a = q.stats("a")[0]
+    assert a.in_flight == 15, "the crash should leave exactly the orphaned batch leased"
+    drain = _child(url, ck, "drain", log)
+    assert drain.wait(timeout=240) == 0, log.read_text()[-3000:]
+    got = [m.payload["i"] for m in q.peek("b", limit=10_000)]
+    assert sorted(got) == list(range(n)), "lost or duplicated messages"
+    a = q.stats("a")[0]
+    assert (a.ready, a.in_flight) == (0, 0)
     q.close()

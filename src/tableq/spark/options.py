@@ -200,6 +200,9 @@ class StreamOptions:
     num_partitions: int
     retention: bool
     max_attempts: int | None
+    # Fault injection for tableq's own tests: "exit-after-claim:<seq>" ends the driver's
+    # source process right after it leased batch <seq>, before Spark logged that offset.
+    fault: str | None = None
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> StreamOptions:
@@ -215,4 +218,5 @@ class StreamOptions:
             num_partitions=_int(opts, "numPartitions", 1, high=1000) or 1,
             retention=_bool(opts, "retention", False),
             max_attempts=_int(opts, "maxAttempts", None),
+            fault=_get(opts, "_fault"),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,6 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
@@ -294,10 +294,6 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         epoch, seq = start["epoch"], _seq(start)
         self._ack_through(epoch, seq)
         want = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_rows
-        if isinstance(limit, ReadAllAvailable) and self._budget is None:
-            want = self.opts.max_rows
-        if self._budget is not None:
-            want = min(want, self._budget)
         token = f"{epoch}:{seq + 1}"
         q = self._q()
         held = 0
@@ -309,16 +305,24 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if held:
                 q.extend_lease(self.opts.topic, token, self.opts.lease_seconds)
                 log.info("tableq.stream_orphans_reclaimed lease=%s messages=%d", token, held)
-        got = held
-        while got < want:
-            n = len(q.receive_batch(self.opts.topic, token, max=min(CLAIM_CHUNK, want - got),
+        # AvailableNow: at most the messages that were ready when the run started.
+        room = max(0, want - held)
+        if self._budget is not None:
+            room = min(room, self._budget)
+        claimed = 0
+        while claimed < room:
+            n = len(q.receive_batch(self.opts.topic, token,
+                                    max=min(CLAIM_CHUNK, room - claimed),
                                     visibility_timeout=self.opts.lease_seconds,
                                     max_attempts=self.opts.max_attempts))
-            got += n
+            claimed += n
             if n == 0:
                 break
         if self._budget is not None:
-            self._budget -= got
+            self._budget -= claimed
+        got = held + claimed
+        if got and self.opts.fault == f"exit-after-claim:{seq + 1}":
+            os._exit(3)  # as if the driver died here: leased in the database, not in the log
         if got == 0:
             return start
         return {"epoch": epoch, "seq": seq + 1}
