@@ -23,7 +23,8 @@ def main(url: str, checkpoint: str, mode: str, max_rows: str, fault: str = "") -
            .option("_fault", fault).load())
     writer = (src.select("payload", "key").writeStream.format("tableq")
               .option("url", url).option("topic", "b").option("payloadFormat", "json")
-              .option("sinkName", "a-to-b").option("checkpointLocation", checkpoint))
+              .option("sinkName", "a-to-b").option("checkpointLocation", checkpoint)
+              .option("_fault", fault))
     if mode == "drain":
         writer.trigger(availableNow=True).start().awaitTermination()
     else:

@@ -127,3 +127,25 @@ def test_a_batch_leased_but_never_logged_is_taken_over_on_restart(url: str,
     a = q.stats("a")[0]
     assert (a.ready, a.in_flight) == (0, 0)
     q.close()
+
+
+@pytest.mark.slow
+def test_a_batch_published_but_not_logged_is_not_published_twice(tmp_path: Path) -> None:
+    """The driver dies right after the sink published batch 1 and before Spark recorded it:
+    the restarted query replays batch 1, and the sink's job ledger turns it into a no-op."""
+    n = 45
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    q = tableq.connect(url, migrate=True)
+    q.send_many("a", [{"i": i} for i in range(n)])
+    ck, log = tmp_path / "ck", tmp_path / "child.log"
+    crashed = _child(url, ck, "run", log, fault="exit-after-publish:1")
+    assert crashed.wait(timeout=180) != 0, log.read_text()[-3000:]
+    assert q.stats("b")[0].ready == 30  # batches 0 and 1 were published
+    assert q.staged_job_state("a-to-b:1") == "committed"
+    drain = _child(url, ck, "drain", log)
+    assert drain.wait(timeout=240) == 0, log.read_text()[-3000:]
+    got = [m.payload["i"] for m in q.peek("b", limit=10_000)]
+    assert sorted(got) == list(range(n)), "lost or duplicated messages"
+    a = q.stats("a")[0]
+    assert (a.ready, a.in_flight) == (0, 0)
+    q.close()

@@ -140,7 +140,8 @@ class WriteOptions:
     stale_job_seconds: float
     sink_name: str | None
     # Fault injection for tableq's own tests: "commit" raises in commit(); "task" fails the
-    # first attempt of partition 1 after it staged its first Arrow batch.
+    # first attempt of partition 1 after it staged its first Arrow batch;
+    # "exit-after-publish:<batchId>" ends a stream sink's commit right after publishing.
     fault: str | None
 
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -329,6 +330,8 @@ class TableqStreamWriter(DataSourceStreamArrowWriter):
         job = staged[0].job
         n = queue_for(self.opts.url).publish_staged(job, _parts(staged),
                                                    on_duplicate=self.opts.on_duplicate)
+        if self.opts.fault == f"exit-after-publish:{batchId}":
+            os._exit(3)  # as if the driver died here: published, but not in Spark's commit log
         if n is None:
             log.info("tableq.batch_replayed job=%s batch=%s", job, batchId)
         else:
