@@ -414,6 +414,10 @@ def test_bad_arguments_are_clear_errors(q: tableq.Queue) -> None:
         lambda: q.send("t", 1, priority=1.5),
         lambda: q.send("t", 1, priority=2**40),
         lambda: q.send("t", 1, delay=-1),
+        lambda: q.send("t", 1, delay=1e12),
+        lambda: q.send("t", 1, at=datetime(3000, 1, 1, tzinfo=UTC)),
+        lambda: q.send("t", 1, headers={"big": "x" * 20_000}),
+        lambda: q.send("t", 1, headers={"h": "nul\x00"}),
         lambda: q.send("t", 1, at=datetime(2030, 1, 1)),
         lambda: q.send("t", 1, delay=1, at=datetime.now(UTC)),
         lambda: q.send("t", 1, headers={"a": 1}),
@@ -515,3 +519,104 @@ def test_idle_exactly_once_transaction_is_rolled_back_by_the_server(db_url: str)
                 (m,) = tx.receive("idle")
                 wait_until(lambda: q.receive("idle"), timeout=15)  # freed by the server
                 tx.ack(m)
+
+
+def test_a_caught_duplicate_does_not_spoil_the_exactly_once_transaction(q: tableq.Queue) -> None:
+    q.send("xo", 1)
+    q.send("xo-out", "taken", key="k")
+    with q.transaction() as tx:
+        (m,) = tx.receive("xo")
+        with pytest.raises(DuplicateMessage) as err:
+            tx.send("xo-out", "again", key="k", on_duplicate="error")
+        assert err.value.existing_id is not None
+        tx.send("xo-out", "fresh", key="k2")
+        m.ack()
+    assert q.stats("xo")[0].live == 0  # the ack committed
+    assert sorted(p.payload for p in q.peek("xo-out")) == ["fresh", "taken"]
+
+
+def test_at_most_once_keeps_an_undecodable_payload_as_a_dead_letter(q: tableq.Queue) -> None:
+    q.register_kind("strict", decode=lambda v: v if v != "bad" else 1 / 0)
+    q.send_many("amo2", [{"payload": "ok-1", "kind": "strict"},
+                         {"payload": "bad", "kind": "strict"},
+                         {"payload": b"raw", "kind": "strict", "headers": {"h": "v"}}])
+    got = q.receive("amo2", max=3, mode="at_most_once")
+    assert [m.payload for m in got] == ["ok-1", b"raw"]
+    (dead,) = q.dead_letters("amo2")
+    assert dead.payload == "bad" and "ZeroDivisionError" in dead.error
+    assert q.stats("amo2")[0].live == 0
+
+
+def test_long_error_texts_are_kept_cut_not_refused(q: tableq.Queue) -> None:
+    q.send("err", 1)
+    (m,) = q.receive("err")
+    m.nack(error="E" * 100_000)
+    (p,) = q.peek("err")
+    assert p.last_error.startswith("EEE") and p.last_error.endswith("[truncated]")
+    assert len(p.last_error) == 16_384
+
+
+def test_ack_retried_after_it_committed_is_not_a_lost_lease(db_url: str) -> None:
+    with tableq.connect(db_url, migrate=True, retention=True) as q:
+        q.send("idem", 1)
+        (m,) = q.receive("idem")
+        m.ack()
+        m.ack()  # its reply "was lost": the archive shows it was acked under this lease
+        q.send("idem", 2)
+        (m2,) = q.receive("idem", visibility_timeout=0.1)
+        (m3,) = wait_until(lambda: q.receive("idem"), timeout=5)
+        m3.ack()
+        with pytest.raises(LeaseLost):
+            m2.ack()  # acked by someone else under another lease: still a lost lease
+
+
+@pytest.mark.parametrize("db_url", ["mysql"], indirect=True)
+def test_outbox_on_a_session_in_another_time_zone_keeps_database_utc(db_url: str) -> None:
+    with tableq.connect(db_url, migrate=True) as q:
+        conn = driver_connection(db_url)
+        try:
+            conn.cursor().execute("SET time_zone = '+05:00'")
+            q.send("tz", "now", connection=conn)
+            q.send("tz", "in an hour", delay=3600, connection=conn)
+            conn.commit()
+        finally:
+            conn.close()
+        assert [m.payload for m in q.receive("tz", max=5)] == ["now"]
+        assert q.stats("tz")[0].scheduled == 1
+
+
+@pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
+def test_pool_reuses_connections_with_high_descriptor_numbers(db_url: str, tmp_path) -> None:
+    import os
+
+    files = [open(tmp_path / "f", "w") for _ in range(1100)]  # noqa: SIM115
+    try:
+        with tableq.connect(db_url, migrate=True) as q:
+            q.stats()
+            (conn,) = q.backend.pool._idle
+            assert conn.fileno() if q.dialect == "postgres" else conn._sock.fileno() >= 1024
+            for _ in range(5):
+                q.stats()
+            assert q.backend.pool._idle == [conn]  # the same connection, reused
+    finally:
+        for f in files:
+            f.close()
+        os.remove(tmp_path / "f")
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_postgres_transaction_aborted_by_a_caught_error_does_not_pretend_to_commit(
+    db_url: str,
+) -> None:
+    import psycopg
+
+    with tableq.connect(db_url, migrate=True) as q:
+        q.send("ab", 1)
+        with pytest.raises(tableq.DatabaseError, match="nothing was committed"):
+            with q.transaction() as tx:
+                tx.receive("ab")
+                try:
+                    tx.connection.execute("SELECT * FROM no_such_table")
+                except psycopg.Error:
+                    pass  # the application swallows its own error
+        assert q.stats("ab")[0].ready == 1 and q.peek("ab")[0].attempts == 0

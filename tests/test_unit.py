@@ -204,3 +204,11 @@ def test_kinds_from_real_pydantic_and_msgspec_models() -> None:
         with pytest.raises(PayloadInvalid):
             reg.encode(kind, bad, 100)
     assert reg.decode("sms", {"number": "9"}) == Sms(number="9")
+
+
+def test_internal_conflicts_are_tableq_errors_with_advice() -> None:
+    from tableq.backends.base import TransientError
+
+    err = TransientError("deadlock detected", "postgresql://h/db")
+    assert isinstance(err, tableq.DatabaseBusy) and isinstance(err, tableq.TableqError)
+    assert "retry" in str(err)

@@ -3,7 +3,9 @@
 from tableq.connect import connect
 from tableq.errors import (
     ConfigurationError,
+    DatabaseBusy,
     DatabaseError,
+    DatabaseTimeout,
     DatabaseUnavailable,
     DuplicateMessage,
     InvalidArgument,
@@ -33,7 +35,9 @@ __all__ = [
     "App",
     "Backoff",
     "ConfigurationError",
+    "DatabaseBusy",
     "DatabaseError",
+    "DatabaseTimeout",
     "DatabaseUnavailable",
     "DeadLetter",
     "DuplicateMessage",

@@ -146,6 +146,27 @@ class DatabaseUnavailable(DatabaseError):
         )
 
 
+class DatabaseBusy(DatabaseError):
+    """A deadlock, lock-wait timeout or busy database that tableq could not retry away: inside
+    the caller's own transaction (which the database may have rolled back), or after its
+    retries ran out."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        super().__init__(
+            f"the queue database at {where} reported a conflict ({reason}); nothing was "
+            "changed by the failed statement: roll back your transaction if you hold one, "
+            "then retry the operation"
+        )
+
+
+class DatabaseTimeout(DatabaseError):
+    def __init__(self, where: str, reason: str, advice: str) -> None:
+        self.where = where
+        super().__init__(f"the queue database at {where} cancelled the work: {reason}; "
+                         f"{advice}")
+
+
 class StorageFull(DatabaseError):
     def __init__(self, where: str, reason: str) -> None:
         super().__init__(

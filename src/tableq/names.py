@@ -13,6 +13,7 @@ TOPIC_MAX_BYTES = 200
 KEY_MAX_CHARS = 255
 KIND_MAX_CHARS = 100
 HEADER_NAME_MAX_CHARS = 100
+HEADERS_MAX_BYTES = 16_384  # headers are a small map (trace ids, source), not a payload
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 # A filter field is a top-level JSON key; the MySQL/SQLite path language must not see '$', '.',
 # '*', quotes or brackets in it, so the grammar is deliberately narrow.
@@ -80,8 +81,23 @@ def check_headers(headers: object) -> dict[str, str] | None:
                 f"header {name!r} must be a string, not {type(value).__name__}; "
                 "convert numbers and ids with str()"
             )
+        if "\x00" in value or not _encodable(value):
+            raise InvalidArgument(f"header {name!r} must be valid Unicode without NUL")
         out[name] = value
+    size = sum(len(k.encode("utf-8", "replace")) + len(v.encode("utf-8", "replace"))
+               for k, v in out.items())
+    if size > HEADERS_MAX_BYTES:
+        raise InvalidArgument(f"headers are {size} bytes, over the limit of "
+                              f"{HEADERS_MAX_BYTES}; put large data in the payload")
     return out or None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_identifier(what: str, value: object) -> str:

@@ -7,7 +7,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tableq.backends.base import Backend, ClaimSpec, Filter, NewMessage, Row
@@ -24,6 +24,8 @@ PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 ON_DUPLICATE = ("ignore", "replace", "error")
 MODES = ("at_least_once", "at_most_once")
 _ITEM_FIELDS = {"payload", "key", "kind", "headers", "priority", "delay", "at"}
+MAX_DURATION_S = 100 * 365 * 86400.0  # delays, leases and schedules beyond a century are typos
+ERROR_MAX_CHARS = 16_384  # error texts kept on a message (tracebacks are cut to this)
 
 
 def seconds(what: str, value: float | timedelta | None, default: float) -> float:
@@ -36,7 +38,18 @@ def seconds(what: str, value: float | timedelta | None, default: float) -> float
         raise InvalidArgument(f"{what} must be a number of seconds or a timedelta, not {value!r}")
     if value < 0 or math.isinf(value):
         raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+    if value > MAX_DURATION_S:
+        raise InvalidArgument(f"{what} must be at most 100 years ({MAX_DURATION_S:.0f} s), "
+                              f"not {value!r}")
     return float(value)
+
+
+def error_text(error: object) -> str:
+    """An error as stored on a message: a string, cut to ERROR_MAX_CHARS."""
+    text = error if isinstance(error, str) else repr(error)
+    if len(text) > ERROR_MAX_CHARS:
+        text = text[: ERROR_MAX_CHARS - 15] + " ...[truncated]"
+    return text
 
 
 def _positive_int(what: str, value: object, upper: int | None = None) -> int:
@@ -63,6 +76,8 @@ def _at(value: object) -> datetime | None:
             "at= must be a timezone-aware datetime, e.g. datetime.now(timezone.utc) + "
             "timedelta(minutes=5); a naive datetime is ambiguous"
         )
+    if abs((value - datetime.now(UTC)).total_seconds()) > MAX_DURATION_S:
+        raise InvalidArgument(f"at= must be within 100 years of now, not {value.isoformat()}")
     return value
 
 
@@ -273,8 +288,14 @@ class Queue:
                                   f"queue.transaction()), not {mode!r}")
         spec = self._spec(topic, max, visibility_timeout, where, max_attempts)
         if mode == "at_most_once":
-            return [self._decoded_or_none(r, None, bury=False)
-                    for r in self.backend.claim_delete(spec).rows]
+            out = []
+            for row in self.backend.claim_delete(spec).rows:
+                try:
+                    out.append(self._message(
+                        {**row, "payload": self.kinds.decode(row.get("kind"), row["payload"])}))
+                except PayloadInvalid as exc:  # already removed: keep it as a dead letter
+                    self.backend.bury_taken(row, f"undecodable payload: {exc}")
+            return out
         return self._claim(spec, None, None)
 
     def _claim(self, spec: ClaimSpec, conn: Any, tx: Any) -> list[Message]:
@@ -286,7 +307,7 @@ class Queue:
                           spec.where, spec.lease), conn)
             undecodable = 0
             for row in result.rows:
-                msg = self._decoded_or_none(row, tx, bury=True, conn=conn)
+                msg = self._decoded_or_none(row, tx, conn=conn)
                 if msg is None:
                     undecodable += 1
                 else:
@@ -295,12 +316,10 @@ class Queue:
                 break
         return out
 
-    def _decoded_or_none(self, row: Row, tx: Any, *, bury: bool, conn: Any = None) -> Any:
+    def _decoded_or_none(self, row: Row, tx: Any, *, conn: Any = None) -> Message | None:
         try:
             payload = self.kinds.decode(row.get("kind"), row["payload"])
         except PayloadInvalid as exc:
-            if not bury:
-                raise
             # A payload its kind rejects is poison: dead-letter it instead of redelivering.
             self.backend.bury(row["id"], row["lease"], f"undecodable payload: {exc}", conn)
             return None
@@ -344,6 +363,11 @@ class Queue:
             return
         done = self.backend.ack(refs, self.retention, connection)
         lost = [m for m in msgs if m.id not in done]
+        if lost and self.retention and connection is None:
+            # An ack retried after its reply was lost finds its message archived under the
+            # same lease: that is "already acked", not a lost lease.
+            archived = self.backend.done_match([(m.id, m.lease) for m in lost])  # type: ignore[misc]
+            lost = [m for m in lost if m.id not in archived]
         if lost:
             raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
 
@@ -361,8 +385,8 @@ class Queue:
     def _release(self, msg: Message, delay: Any, error: str | None, *, penalty: bool,
                  action: str) -> None:
         msg_id, lease = self._leased(msg, action)
-        if error is not None and not isinstance(error, str):
-            error = repr(error)
+        if error is not None:
+            error = error_text(error)
         if not self.backend.release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
             raise LeaseLost(msg.topic, msg.id, action)
 
@@ -399,7 +423,7 @@ class Queue:
     def dead_letter(self, msg: Message, error: str, *, connection: Any = None) -> None:
         """Moves the message to the dead-letter store with `error`, if the lease still holds."""
         msg_id, lease = self._leased(msg, "dead-letter")
-        if not self.backend.bury(msg_id, lease, str(error), connection):
+        if not self.backend.bury(msg_id, lease, error_text(error), connection):
             raise LeaseLost(msg.topic, msg.id, "dead-letter")
 
     def forward(self, msg: Message, topic: str, payload: Any, **send_options: Any) -> SendResult:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import select
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from tableq.errors import DatabaseError
 
 
 class Pool:
@@ -27,38 +30,56 @@ class Pool:
         self._pid = os.getpid()
         self._max_idle = max_idle
         self._closed = False
+        ref = weakref.ref(self)
+        # A lock held by another thread at fork time would stay locked forever in the child.
+        os.register_at_fork(after_in_child=lambda: (p := ref()) and p._after_fork())
 
-    def _check_fork(self) -> None:
-        # A forked child must never use its parent's sockets: forget them without closing.
-        if os.getpid() != self._pid:
-            with self._lock:
-                self._idle = []
-                self._pid = os.getpid()
+    def _after_fork(self) -> None:
+        # A forked child must never use its parent's sockets: forget them without closing
+        # (closing would tell the server the parent's sessions ended).
+        self._lock = threading.Lock()
+        self._idle = []
+        self._pid = os.getpid()
 
-    @contextmanager
-    def connection(self) -> Iterator[Any]:
-        self._check_fork()
-        conn = None
-        while conn is None:
+    def acquire(self) -> Any:
+        while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                conn = self._connect()
-            elif self._stale(conn):
-                self._discard(conn)
-                conn = None
+                return self._connect()
+            if not self._stale(conn):
+                return conn
+            self._discard(conn)
+
+    def release(self, conn: Any, *, healthy: bool, pid: int) -> None:
+        """Returns a connection taken by acquire() in process `pid`; an unhealthy one, or one
+        carried across a fork, is closed instead of reused."""
+        if healthy and pid == os.getpid() and not self._closed:
+            with self._lock:
+                if len(self._idle) < self._max_idle:
+                    self._idle.append(conn)
+                    return
+        if pid == os.getpid():
+            self._discard(conn)
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """A connection for the block. It goes back to the pool unless the block raised a
+        database error (the connection may be broken or mid-transaction); any other
+        exception was raised by code that used a healthy connection."""
+        pid = os.getpid()
+        conn = self.acquire()
         healthy = False
         try:
             yield conn
             healthy = True
+        except DatabaseError:
+            raise
+        except BaseException:
+            healthy = not _is_driver_error(conn)
+            raise
         finally:
-            if healthy and not self._closed:
-                with self._lock:
-                    if len(self._idle) < self._max_idle:
-                        self._idle.append(conn)
-                        conn = None
-            if conn is not None:
-                self._discard(conn)
+            self.release(conn, healthy=healthy, pid=pid)
 
     def _stale(self, conn: Any) -> bool:
         """An idle connection whose socket is readable was closed by the server (restart,
@@ -67,10 +88,11 @@ class Pool:
         if self._socket_of is None:
             return False
         try:
-            readable, _, _ = select.select([self._socket_of(conn)], [], [], 0)
+            poller = select.poll()  # select() cannot watch descriptors >= 1024
+            poller.register(self._socket_of(conn), select.POLLIN | select.POLLPRI)
+            return bool(poller.poll(0))
         except (OSError, ValueError, AttributeError):
             return True
-        return bool(readable)
 
     def _discard(self, conn: Any) -> None:
         try:
@@ -79,8 +101,14 @@ class Pool:
             pass
 
     def close(self) -> None:
-        self._check_fork()
         with self._lock:
             idle, self._idle, self._closed = self._idle, [], True
         for conn in idle:
             self._discard(conn)
+
+
+def _is_driver_error(conn: Any) -> bool:
+    """A non-tableq exception leaves the connection reusable only if the driver says it is
+    still open (drivers expose `closed`; sqlite3 has none and never breaks this way)."""
+    closed = getattr(conn, "closed", False)
+    return bool(closed() if callable(closed) else closed)

@@ -4,6 +4,7 @@ rows (dicts with Python values and aware UTC datetimes); they never see user obj
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from abc import ABC, abstractmethod
@@ -12,6 +13,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
+
+from tableq.errors import DatabaseBusy
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -65,8 +68,13 @@ class ClaimResult:
     buried: int  # messages moved to the dead-letter store because they ran out of attempts
 
 
-class TransientError(Exception):
-    """Raised inside a backend for a conflict that is safe to retry (never escapes it)."""
+class TransientError(DatabaseBusy):
+    """A conflict that is safe to retry: the backend retries it for its own short
+    transactions; in a caller's transaction, or when retries run out, the caller sees it as
+    DatabaseBusy (this class is a DatabaseBusy)."""
+
+    def __init__(self, reason: str, where: str = "the database") -> None:
+        super().__init__(where, reason)
 
 
 def retrying(fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:
@@ -137,6 +145,13 @@ class Backend(ABC):
     @abstractmethod
     def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool: ...
     @abstractmethod
+    def bury_taken(self, row: Row, error: str) -> None:
+        """Puts a message already removed from the queue (at-most-once) into the dead-letter
+        store, as `row` describes it."""
+    @abstractmethod
+    def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
+        """Ids of (id, lease) pairs found in the archive of acked messages."""
+    @abstractmethod
     def peek(self, topic: str, limit: int) -> list[Row]: ...
     @abstractmethod
     def get(self, msg_id: int) -> Row | None: ...
@@ -186,6 +201,21 @@ class Backend(ABC):
     ) -> list[Row]: ...
     @abstractmethod
     def history_delete(self, source: str, ids: Sequence[int]) -> int: ...
+
+
+def dead_row_values(row: Row, to_db_time: Callable[[datetime | None], Any]) -> dict[str, Any]:
+    """A shaped message row as the parameters of the dead_insert query."""
+    data = row["payload"]
+    return {
+        "id": row["id"], "topic": row["topic"], "key": row.get("key"), "kind": row.get("kind"),
+        "payload": None if isinstance(data, bytes) else json.dumps(data),
+        "payload_bytes": data if isinstance(data, bytes) else None,
+        "headers": json.dumps(row["headers"]) if row.get("headers") else None,
+        "priority": row["priority"], "attempts": row["attempts"],
+        "created_at": to_db_time(row["created_at"]),
+        "first_available_at": to_db_time(row["first_available_at"]),
+        "received_at": to_db_time(row.get("received_at")),
+    }
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -24,7 +24,9 @@ from tableq.backends.base import (
     Filter,
     NewMessage,
     Row,
+    TransientError,
     chunks,
+    dead_row_values,
     merge_stats,
     retrying,
     shape_row,
@@ -111,6 +113,7 @@ class MySQLBackend(Backend):
         self.transaction_idle_s = max(1, int(transaction_idle_timeout_s))
         self.mariadb: bool | None = None
         self.consecutive_ids = True
+        self.id_step = 1
         self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
                          socket_of=lambda c: c._sock.fileno())
 
@@ -140,6 +143,7 @@ class MySQLBackend(Backend):
                                       "MariaDB 10.6+ or MySQL 8.0+")
         # Mode 2 ("interleaved") may hand a multi-row INSERT non-consecutive ids.
         self.consecutive_ids = int(row["autoinc_lock_mode"]) <= 1
+        self.id_step = int(row["id_step"])  # auto_increment_increment: > 1 on some clusters
         self.mariadb = mariadb
 
     def _run(self, fn: Callable[[Any], T], conn: Any = None, *, tx: bool = False) -> T:
@@ -259,7 +263,7 @@ class MySQLBackend(Backend):
                          m.priority, at, us, at, us]
             cur.execute(_repeat_rows(self.Q.message_insert, len(part)), flat)
             first = cur.lastrowid  # LAST_INSERT_ID(): the first id of this statement
-            ids.extend(range(first, first + len(part)))
+            ids.extend(range(first, first + len(part) * self.id_step, self.id_step))
         return ids
 
     def insert(self, rows: Sequence[NewMessage], on_duplicate: str,
@@ -397,11 +401,22 @@ class MySQLBackend(Backend):
         params = {"id": msg_id, "lease": lease, "error": error}
 
         def run(cur: Any) -> bool:
-            if not cur.execute(self.Q.message_bury, params):
+            # Without the lock, a receive could take the message between the copy and the
+            # delete, leaving it both dead and in flight.
+            if self._one(cur, self.Q.message_lock_leased, params) is None:
                 return False
+            cur.execute(self.Q.message_bury, params)
             cur.execute(self.Q.message_ack_one, params)
             return True
         return self._run(run, conn, tx=True)
+
+    def bury_taken(self, row: Row, error: str) -> None:
+        params = {**dead_row_values(row, _naive), "error": error}
+        self._run(lambda cur: cur.execute(self.Q.dead_insert, params))
+
+    def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
+        return {r["id"] for r in self._run(lambda cur: self._all_raw(
+            cur, self.Q.done_match, {"refs": tuple(refs)}))}
 
     # --- looking ---------------------------------------------------------------------------
 
@@ -446,7 +461,11 @@ class MySQLBackend(Backend):
                 cur, self.Q.dead_requeue_ids, self._id_filter(topic, ids)))
             if not movable:
                 return 0
-            cur.execute(self.Q.dead_requeue, {"ids": movable})
+            try:
+                with map_errors(self.where):
+                    cur.execute(self.Q.dead_requeue, {"ids": movable})
+            except UniqueViolation as exc:  # a send of the same key won the race: try again
+                raise TransientError(str(exc), self.where) from exc
             cur.execute(self.Q.dead_delete_ids, {"ids": movable})
             return len(movable)
         return self._run(run, tx=True)
@@ -462,9 +481,13 @@ class MySQLBackend(Backend):
     def lease_ack(self, topic: str, lease: str, retain: bool) -> int:
         def run(cur: Any) -> int:
             p = {"topic": topic, "lease": lease}
-            if retain:
-                cur.execute(self.Q.lease_archive, p)
-            return cur.execute(self.Q.lease_ack, p)  # type: ignore[no-any-return]
+            if not retain:
+                return cur.execute(self.Q.lease_ack, p)  # type: ignore[no-any-return]
+            ids = tuple(r["id"] for r in self._all_raw(cur, self.Q.lease_lock, p))
+            if ids:
+                cur.execute(self.Q.lease_archive, {"ids": ids})
+                cur.execute(self.Q.message_delete_ids, {"ids": ids})
+            return len(ids)
         return self._run(run, tx=True)
 
     def lease_extend(self, topic: str, lease: str, extend_s: float) -> int:

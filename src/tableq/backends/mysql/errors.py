@@ -23,8 +23,9 @@ TABLE_FULL, DISK_FULL = 1114, 1021
 PACKET_TOO_LARGE = 1153
 
 
-class UniqueViolation(Exception):
-    """Internal: a dedup-index conflict, turned into DuplicateMessage by the backend."""
+class UniqueViolation(DatabaseError):
+    """A unique-index conflict. The backend turns the dedup-index ones into
+    DuplicateMessage; any other one reaches the caller as this DatabaseError."""
 
 
 @contextmanager
@@ -37,9 +38,9 @@ def map_errors(where: str) -> Iterator[None]:
         # A deadlock rolls back the whole transaction, a lock-wait timeout only the statement;
         # the backend retries the whole transaction after a rollback in both cases.
         if code in (DEADLOCK, LOCK_WAIT_TIMEOUT):
-            raise TransientError(text) from exc
+            raise TransientError(text, where) from exc
         if code == DUPLICATE_ENTRY:
-            raise UniqueViolation(text) from exc
+            raise UniqueViolation(f"MySQL refused a duplicate at {where}: {text}") from exc
         if code == NO_SUCH_TABLE:
             raise SchemaNotMigrated(where) from exc
         if code in (TABLE_FULL, DISK_FULL):

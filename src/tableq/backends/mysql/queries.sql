@@ -1,10 +1,12 @@
 -- tableq named queries for MySQL >= 8.0 and MariaDB >= 10.6 (PyMySQL %(name)s parameters;
--- {p} is the table prefix). Sessions run at READ COMMITTED in UTC: no gap locks on the ranges
--- a claim scans (the classic queue deadlock), and NOW(6) is UTC with microseconds.
+-- {p} is the table prefix). Sessions run at READ COMMITTED: no gap locks on the ranges a claim
+-- scans (the classic queue deadlock). Times are UTC_TIMESTAMP(6), which no session time zone
+-- shifts (an outbox send runs on the caller's session).
 -- "/*rows*/" marks a VALUES list that the backend repeats once per row of a batch.
 
 -- name: server_version :one
-SELECT VERSION() AS version, @@innodb_autoinc_lock_mode AS autoinc_lock_mode;
+SELECT VERSION() AS version, @@innodb_autoinc_lock_mode AS autoinc_lock_mode,
+       @@auto_increment_increment AS id_step;
 
 -- name: session_time_zone :exec
 SET time_zone = '+00:00';
@@ -33,26 +35,26 @@ CREATE TABLE IF NOT EXISTS {p}migration (
 SELECT version FROM {p}migration ORDER BY version;
 
 -- name: migration_record :exec
-INSERT INTO {p}migration (version, name, applied_at) VALUES (%(version)s, %(name)s, NOW(6));
+INSERT INTO {p}migration (version, name, applied_at) VALUES (%(version)s, %(name)s, UTC_TIMESTAMP(6));
 
 -- name: clock_now :one
-SELECT NOW(6) AS now;
+SELECT UTC_TIMESTAMP(6) AS now;
 
 -- name: message_insert :exec
 -- Without keys nothing conflicts, and with innodb_autoinc_lock_mode <= 1 one multi-row INSERT
 -- gets consecutive ids starting at LAST_INSERT_ID().
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
-VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, NOW(6),
-        COALESCE(%s, NOW(6) + INTERVAL %s MICROSECOND), COALESCE(%s, NOW(6) + INTERVAL %s MICROSECOND));
+VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6),
+        COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND));
 
 -- name: message_insert_keyed :exec
 -- LAST_INSERT_ID(id) hands back the existing row's id on a duplicate (rowcount 0).
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        NOW(6), COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
-        COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND))
+        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+        COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND))
 ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id);
 
 -- name: message_insert_replace :exec
@@ -60,8 +62,8 @@ ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id);
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        NOW(6), COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
-        COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND))
+        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+        COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND))
 ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), kind = VALUES(kind),
     payload = VALUES(payload), payload_bytes = VALUES(payload_bytes), headers = VALUES(headers),
     priority = VALUES(priority), attempts = 0, lease = NULL, last_error = NULL, progress = NULL,
@@ -72,16 +74,16 @@ ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), kind = VALUES(kind),
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        NOW(6), COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
-        COALESCE(%(at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND));
+        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+        COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND));
 
 -- name: message_find_key :one
 SELECT id FROM {p}message WHERE topic = %(topic)s AND `key` = %(key)s;
 
 -- name: message_due :many
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
-SELECT *, NOW(6) AS db_now FROM {p}message
-WHERE topic = %(topic)s AND available_at <= NOW(6) /*filter*/
+SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}message
+WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6) /*filter*/
 ORDER BY priority DESC, available_at, id
 LIMIT %(max)s
 FOR UPDATE SKIP LOCKED;
@@ -96,7 +98,7 @@ INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, pr
                      created_at, first_available_at, received_at, error, dead_at)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
        first_available_at, received_at,
-       COALESCE(last_error, CONCAT('received ', attempts, ' times without an ack')), NOW(6)
+       COALESCE(last_error, CONCAT('received ', attempts, ' times without an ack')), UTC_TIMESTAMP(6)
 FROM {p}message WHERE id IN %(ids)s;
 
 -- name: message_delete_ids :exec
@@ -110,7 +112,7 @@ SELECT id FROM {p}message WHERE (id, lease) IN %(refs)s FOR UPDATE;
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
-       first_available_at, received_at, NOW(6), lease
+       first_available_at, received_at, UTC_TIMESTAMP(6), lease
 FROM {p}message WHERE id IN %(ids)s;
 
 -- name: message_ack_one :exec
@@ -119,13 +121,13 @@ DELETE FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
 -- name: message_release :exec
 UPDATE {p}message
 SET lease = NULL, attempts = attempts - %(refund)s,
-    available_at = NOW(6) + INTERVAL %(delay_us)s MICROSECOND,
+    available_at = UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND,
     last_error = COALESCE(%(error)s, last_error)
 WHERE id = %(id)s AND lease = %(lease)s;
 
 -- name: message_extend :exec
 UPDATE {p}message
-SET available_at = NOW(6) + INTERVAL %(extend_us)s MICROSECOND,
+SET available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND,
     progress = COALESCE(%(progress)s, progress)
 WHERE id = %(id)s AND lease = %(lease)s;
 
@@ -133,17 +135,35 @@ WHERE id = %(id)s AND lease = %(lease)s;
 SELECT available_at FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
 
 -- name: message_extend_many :exec
-UPDATE {p}message SET available_at = NOW(6) + INTERVAL %(extend_us)s MICROSECOND
+UPDATE {p}message SET available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
 WHERE id IN %(ids)s;
 
 -- name: message_due_at :many
 SELECT id, available_at FROM {p}message WHERE id IN %(ids)s;
 
+-- name: message_lock_leased :one
+-- Locks the row while it is still held under this lease, so what follows is fenced.
+SELECT id FROM {p}message WHERE id = %(id)s AND lease = %(lease)s FOR UPDATE;
+
+-- name: lease_lock :many
+SELECT id FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s FOR UPDATE;
+
+-- name: done_match :many
+-- Acks whose earlier attempt committed (its reply was lost): the archive still has them.
+SELECT id FROM {p}done WHERE (id, lease) IN %(refs)s;
+
+-- name: dead_insert :exec
+INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, error, dead_at)
+VALUES (%(id)s, %(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s,
+        %(priority)s, %(attempts)s, %(created_at)s, %(first_available_at)s, %(received_at)s,
+        %(error)s, UTC_TIMESTAMP(6));
+
 -- name: message_bury :exec
 INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
-       first_available_at, received_at, %(error)s, NOW(6)
+       first_available_at, received_at, %(error)s, UTC_TIMESTAMP(6)
 FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
 
 -- name: message_peek :many
@@ -163,7 +183,7 @@ SELECT topic,
        SUM(available_at > t.now AND lease IS NOT NULL) AS in_flight,
        TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN available_at <= t.now THEN available_at END),
                      t.now) / 1e6 AS oldest_ready_age
-FROM {p}message, (SELECT NOW(6) AS now) t
+FROM {p}message, (SELECT UTC_TIMESTAMP(6) AS now) t
 WHERE (%(topic)s IS NULL OR topic = %(topic)s)
 GROUP BY topic, t.now;
 
@@ -194,7 +214,7 @@ FOR UPDATE;
 INSERT INTO {p}message (id, topic, `key`, kind, payload, payload_bytes, headers, priority,
                         attempts, created_at, available_at, first_available_at, last_error)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, 0, created_at,
-       NOW(6), NOW(6), error
+       UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), error
 FROM {p}dead WHERE id IN %(ids)s ORDER BY id;
 
 -- name: dead_delete_ids :exec
@@ -207,17 +227,18 @@ DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
 SELECT * FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s ORDER BY priority DESC, id;
 
 -- name: lease_archive :exec
+-- Run after lease_lock: the rows cannot change between this copy and the delete.
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
-       first_available_at, received_at, NOW(6), lease
-FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s;
+       first_available_at, received_at, UTC_TIMESTAMP(6), lease
+FROM {p}message WHERE id IN %(ids)s;
 
 -- name: lease_ack :exec
 DELETE FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s;
 
 -- name: lease_extend :exec
-UPDATE {p}message SET available_at = NOW(6) + INTERVAL %(extend_us)s MICROSECOND
+UPDATE {p}message SET available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
 WHERE topic = %(topic)s AND lease = %(lease)s;
 
 -- name: stage_insert :exec
@@ -226,7 +247,7 @@ INSERT INTO {p}stage (job, part, topic, `key`, kind, payload, payload_bytes, hea
 VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
 
 -- name: load_job_open :exec
-INSERT INTO {p}load_job (job, state, created_at) VALUES (%(job)s, 'open', NOW(6))
+INSERT INTO {p}load_job (job, state, created_at) VALUES (%(job)s, 'open', UTC_TIMESTAMP(6))
 ON DUPLICATE KEY UPDATE job = job;
 
 -- name: load_job_lock :one
@@ -236,25 +257,25 @@ SELECT state FROM {p}load_job WHERE job = %(job)s FOR UPDATE;
 SELECT state FROM {p}load_job WHERE job = %(job)s;
 
 -- name: load_job_finish :exec
-UPDATE {p}load_job SET state = %(state)s, finished_at = NOW(6), `rows` = %(rows)s
+UPDATE {p}load_job SET state = %(state)s, finished_at = UTC_TIMESTAMP(6), `rows` = %(rows)s
 WHERE job = %(job)s;
 
 -- name: stage_publish :exec
 -- A staged row whose key is already live is dropped (id = id changes nothing).
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
-SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, NOW(6),
-       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
-       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
+SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, UTC_TIMESTAMP(6),
+       COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+       COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
 FROM {p}stage WHERE job = %(job)s AND part IN %(parts)s ORDER BY sid
 ON DUPLICATE KEY UPDATE id = id;
 
 -- name: stage_publish_replace :exec
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
-SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, NOW(6),
-       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
-       COALESCE(at, NOW(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
+SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, UTC_TIMESTAMP(6),
+       COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+       COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
 FROM {p}stage WHERE job = %(job)s AND part IN %(parts)s ORDER BY sid
 ON DUPLICATE KEY UPDATE kind = VALUES(kind), payload = VALUES(payload),
     payload_bytes = VALUES(payload_bytes), headers = VALUES(headers),
@@ -270,7 +291,7 @@ DELETE FROM {p}stage WHERE job = %(job)s;
 
 -- name: stage_stale_jobs :many
 SELECT job FROM {p}load_job
-WHERE state = 'open' AND created_at <= NOW(6) - INTERVAL %(older_than_us)s MICROSECOND;
+WHERE state = 'open' AND created_at <= UTC_TIMESTAMP(6) - INTERVAL %(older_than_us)s MICROSECOND;
 
 -- name: history_bounds_dead :one
 SELECT MIN(id) AS lo, MAX(id) AS hi FROM {p}dead WHERE (%(topic)s IS NULL OR topic = %(topic)s);

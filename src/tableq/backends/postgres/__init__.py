@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from tableq.backends._pool import Pool
@@ -23,12 +24,13 @@ from tableq.backends.base import (
     Filter,
     NewMessage,
     Row,
+    dead_row_values,
     merge_stats,
     retrying,
     shape_row,
 )
 from tableq.backends.postgres.errors import UniqueViolation, map_errors
-from tableq.errors import DuplicateMessage, InvalidArgument, UnsupportedDatabase
+from tableq.errors import DatabaseError, DuplicateMessage, InvalidArgument, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
@@ -175,6 +177,12 @@ class PostgresBackend(Backend):
                     tx.__exit__(type(exc), exc, exc.__traceback__)
                 raise
             with map_errors(self.where):
+                if conn.info.transaction_status == TransactionStatus.INERROR:
+                    tx.__exit__(None, None, None)  # rolls back: PostgreSQL would not commit
+                    raise DatabaseError(
+                        "a statement inside queue.transaction() failed, so PostgreSQL rolled "
+                        "the whole transaction back and nothing was committed; let the error "
+                        "propagate out of the block (or use a savepoint) and retry")
                 tx.__exit__(None, None, None)
 
     def check_connection(self, conn: Any) -> None:
@@ -237,10 +245,10 @@ class PostgresBackend(Backend):
             for _ in range(5):  # a duplicate that vanished before we could read it: insert again
                 batch = [rows[i] for i in pending]
                 try:
-                    with map_errors(self.where):
+                    with map_errors(self.where), self._savepoint(cur, conn, on_duplicate):
                         got = cur.execute(query, _arrays(batch)).fetchall()
                 except UniqueViolation:
-                    raise self._duplicate(cur, batch, conn) from None
+                    raise self._duplicate(cur, batch) from None
                 keyed = {r["key"]: r for r in got if r["key"] is not None}
                 plain = iter(sorted(r["id"] for r in got if r["key"] is None))
                 missing = []
@@ -269,10 +277,28 @@ class PostgresBackend(Backend):
         # The queue layer removes duplicate keys within one batch, so keys identify rows.
         return self._run(run, conn)
 
-    def _duplicate(self, cur: psycopg.Cursor[Any], batch: Sequence[NewMessage],
-                   conn: Any) -> DuplicateMessage:
+    @contextmanager
+    def _savepoint(self, cur: psycopg.Cursor[Any], conn: Any, on_duplicate: str
+                   ) -> Iterator[None]:
+        """In the caller's transaction a failed statement would abort all of it, so a send
+        that may conflict runs in a savepoint and the transaction stays usable."""
+        own_statement = conn is None or (
+            conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE)
+        if own_statement or on_duplicate != "error":
+            yield
+            return
+        cur.execute(self.Q.savepoint_set)  # psycopg opens the caller's transaction if needed
+        try:
+            yield
+        except BaseException:
+            cur.execute(self.Q.savepoint_rollback)
+            raise
+        cur.execute(self.Q.savepoint_release)
+
+    def _duplicate(self, cur: psycopg.Cursor[Any], batch: Sequence[NewMessage]
+                   ) -> DuplicateMessage:
         keyed = [m for m in batch if m.key is not None]
-        if conn is None and keyed:  # in the caller's transaction we may not query after an error
+        if keyed:
             found = cur.execute(self.Q.message_find_keys, {
                 "topics": [m.topic for m in keyed], "keys": [m.key for m in keyed]}).fetchall()
             if found:
@@ -321,6 +347,14 @@ class PostgresBackend(Backend):
                   "progress": progress_json}
         found = self._run(lambda cur: cur.execute(self.Q.message_extend, params).fetchone())
         return _ts(found["available_at"]) if found else None
+
+    def bury_taken(self, row: Row, error: str) -> None:
+        params = {**dead_row_values(row, lambda t: t), "error": error}
+        self._run(lambda cur: cur.execute(self.Q.dead_insert, params))
+
+    def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
+        params = {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs]}
+        return self._run(lambda cur: {r["id"] for r in cur.execute(self.Q.done_match, params)})
 
     def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
         params = {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs],

@@ -11,14 +11,16 @@ from psycopg import errors as pgerr
 from tableq.backends.base import TransientError
 from tableq.errors import (
     DatabaseError,
+    DatabaseTimeout,
     DatabaseUnavailable,
     SchemaNotMigrated,
     StorageFull,
 )
 
 
-class UniqueViolation(Exception):
-    """Internal: a dedup-index conflict, turned into DuplicateMessage by the backend."""
+class UniqueViolation(DatabaseError):
+    """A unique-index conflict. The backend turns the dedup-index ones into
+    DuplicateMessage; any other one reaches the caller as this DatabaseError."""
 
 
 @contextmanager
@@ -26,9 +28,10 @@ def map_errors(where: str) -> Iterator[None]:
     try:
         yield
     except (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable) as exc:
-        raise TransientError(str(exc)) from exc
+        raise TransientError(str(exc).strip(), where) from exc
     except pgerr.UniqueViolation as exc:
-        raise UniqueViolation(str(exc)) from exc
+        raise UniqueViolation(
+            f"PostgreSQL refused a duplicate at {where}: {str(exc).strip()}") from exc
     except (pgerr.UndefinedTable, pgerr.InvalidSchemaName, pgerr.UndefinedFunction) as exc:
         raise SchemaNotMigrated(where) from exc
     except (pgerr.DiskFull, pgerr.OutOfMemory) as exc:
@@ -38,6 +41,14 @@ def map_errors(where: str) -> Iterator[None]:
             f"PostgreSQL refused a value at {where}: {str(exc).strip()}; make the payload or "
             "key smaller"
         ) from exc
+    except pgerr.QueryCanceled as exc:
+        raise DatabaseTimeout(where, str(exc).strip().splitlines()[0],
+                              "raise statement_timeout / lock_timeout for this role, or do "
+                              "less per call") from exc
+    except pgerr.IdleInTransactionSessionTimeout as exc:
+        raise DatabaseTimeout(where, "the transaction stayed idle too long",
+                              "keep queue.transaction() blocks short, or raise "
+                              "transaction_idle_timeout_s in tableq.connect()") from exc
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(where, str(exc).strip().splitlines()[0]) from exc
     except psycopg.Error as exc:

@@ -30,6 +30,15 @@ INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
 -- hide its messages from SKIP LOCKED) until the server noticed; this bounds that wait.
 SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true);
 
+-- name: savepoint_set :exec
+SAVEPOINT tableq_send;
+
+-- name: savepoint_rollback :exec
+ROLLBACK TO SAVEPOINT tableq_send;
+
+-- name: savepoint_release :exec
+RELEASE SAVEPOINT tableq_send;
+
 -- name: clock_now :one
 SELECT statement_timestamp() AS now;
 
@@ -181,6 +190,19 @@ SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
 FROM unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
 WHERE m.id = a.id AND m.lease = a.lease
 RETURNING m.id, m.available_at;
+
+-- name: done_match :many
+-- Acks whose earlier attempt committed (its reply was lost): the archive still has them.
+SELECT d.id FROM {schema}.done d
+JOIN unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+  ON d.id = a.id AND d.lease = a.lease;
+
+-- name: dead_insert :exec
+INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                           attempts, created_at, first_available_at, received_at, error, dead_at)
+VALUES (%(id)s, %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(payload_bytes)s,
+        %(headers)s::jsonb, %(priority)s, %(attempts)s, %(created_at)s, %(first_available_at)s,
+        %(received_at)s, %(error)s, statement_timestamp());
 
 -- name: message_bury :one
 WITH gone AS (

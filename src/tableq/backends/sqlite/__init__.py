@@ -21,6 +21,7 @@ from tableq.backends.base import (
     NewMessage,
     Row,
     chunks,
+    dead_row_values,
     merge_stats,
     retrying,
     shape_row,
@@ -142,9 +143,12 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self.pool.connection() as conn:
+        def begin(conn: sqlite3.Connection) -> None:
             with map_errors(self.where):
-                retrying(lambda: conn.execute(self.Q.tx_begin_write), attempts=SQLITE_RETRIES)
+                conn.execute(self.Q.tx_begin_write)
+
+        with self.pool.connection() as conn:
+            retrying(lambda: begin(conn), attempts=SQLITE_RETRIES)
             try:
                 yield conn
             except BaseException:
@@ -305,6 +309,14 @@ class SQLiteBackend(Backend):
         params = {"id": msg_id, "lease": lease, "extend_s": extend_s, "progress": progress_json}
         found = self._write(lambda c: c.execute(self.Q.message_extend, params).fetchone())
         return _ts(found[0]) if found else None
+
+    def bury_taken(self, row: Row, error: str) -> None:
+        params = {**dead_row_values(row, _epoch), "error": error}
+        self._write(lambda c: c.execute(self.Q.dead_insert, params))
+
+    def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
+        p = {"refs": json.dumps([[i, lease] for i, lease in refs])}
+        return self._read(lambda c: {r[0] for r in c.execute(self.Q.done_match, p)})
 
     def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
         def run(c: sqlite3.Connection) -> dict[int, datetime]:

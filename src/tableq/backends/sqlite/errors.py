@@ -18,7 +18,7 @@ def map_errors(where: str) -> Iterator[None]:
         text = str(exc)
         code = getattr(exc, "sqlite_errorcode", None)
         if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in text:
-            raise TransientError(text) from exc
+            raise TransientError(text, where) from exc
         if "no such table" in text:
             raise SchemaNotMigrated(where) from exc
         if code == sqlite3.SQLITE_FULL or "disk is full" in text:

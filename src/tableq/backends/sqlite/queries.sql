@@ -119,6 +119,18 @@ UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + 
 WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs))
 RETURNING id, available_at;
 
+-- name: done_match :many
+-- Acks whose earlier attempt committed (its reply was lost): the archive still has them.
+SELECT id FROM {p}done
+WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs));
+
+-- name: dead_insert :exec
+INSERT INTO {p}dead (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, error, dead_at)
+VALUES (:id, :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority, :attempts,
+        :created_at, :first_available_at, :received_at, :error,
+        (julianday('now') - 2440587.5) * 86400.0);
+
 -- name: message_bury :exec
 INSERT INTO {p}dead (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)
