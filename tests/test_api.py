@@ -499,6 +499,20 @@ def test_staged_load_is_invisible_until_published_and_idempotent(q: tableq.Queue
     assert q.stats("bulk")[0].live == 6
 
 
+def test_live_snapshot_by_id_range(q: tableq.Queue) -> None:
+    ids = [r.id for r in q.send_many("snap", range(10))]
+    q.send("other", "x")
+    q.receive("snap", max=2)
+    lo, hi = q.history_bounds("live", "snap")
+    assert (lo, hi) == (ids[0], ids[-1])
+    rows = q.history("live", "snap", ids[2], ids[5])
+    assert [r["payload"] for r in rows] == [2, 3, 4, 5]
+    everything = q.history("live", "snap", lo, hi)
+    assert len(everything) == 10 and all(r["lease"] is None for r in everything)
+    with pytest.raises(InvalidArgument):
+        q.delete_history("live", ids)
+
+
 def test_group_lease_batch(q: tableq.Queue) -> None:
     q.send_many("g", range(5))
     got = q.receive_batch("g", "epoch-1:1", max=3, visibility_timeout=60)

@@ -21,6 +21,7 @@ BACKENDS_DIR = pathlib.Path(tableq.__file__).parent / "backends"
 # The operations every backend names the same way; a backend may add its own helpers.
 SHARED_QUERIES = {
     "clock_now", "dead_list", "dead_purge", "dead_requeue", "dead_stats", "done_stats",
+    "history_bounds_live", "history_rows_live",
     "history_bounds_dead", "history_bounds_done", "history_delete_dead",
     "history_delete_done", "history_rows_dead", "history_rows_done", "lease_ack",
     "lease_extend", "lease_rows", "load_job_finish", "load_job_open", "load_job_state",

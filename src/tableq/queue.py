@@ -497,20 +497,25 @@ class Queue:
                                          seconds("extend", extend, self.visibility_timeout_s))
 
     def history_bounds(self, source: str, topic: str | None = None) -> tuple[int, int] | None:
-        """(min id, max id) of the dead-letter store (source='dead') or the archive of acked
-        messages (source='done'), or None when empty."""
+        """(min id, max id) of the live messages (source='live'), the dead-letter store
+        ('dead') or the archive of acked messages ('done'), or None when empty."""
         return self.backend.history_bounds(_source(source), _opt_topic(topic))
 
     def history(self, source: str, topic: str | None, lo: int, hi: int, *,
                 before: datetime | None = None) -> list[Row]:
-        """Rows of the dead-letter store or the archive with lo <= id <= hi (and dead_at /
-        done_at before `before`), as plain dicts."""
+        """Rows with lo <= id <= hi, as plain dicts: live messages ('live', created before
+        `before`; their lease is not returned), dead letters ('dead', dead_at before `before`)
+        or archived acked messages ('done', done_at before `before`). A snapshot read: nothing
+        is leased or changed."""
         rows = self.backend.history_rows(_source(source), _opt_topic(topic), int(lo), int(hi),
                                          _at(before))
+        if source == "live":
+            for row in rows:
+                row["lease"] = None  # a reader must never be able to settle someone's delivery
         return rows
 
     def delete_history(self, source: str, ids: Sequence[int]) -> int:
-        return self.backend.history_delete(_source(source), _ids(ids) or [])
+        return self.backend.history_delete(_source(source, ("dead", "done")), _ids(ids) or [])
 
     # --- looking and housekeeping -------------------------------------------------------------
 
@@ -597,9 +602,9 @@ def _job(token: str) -> str:
     return token
 
 
-def _source(source: str) -> str:
-    if source not in ("dead", "done"):
-        raise InvalidArgument(f"source must be 'dead' or 'done', not {source!r}")
+def _source(source: str, allowed: tuple[str, ...] = ("live", "dead", "done")) -> str:
+    if source not in allowed:
+        raise InvalidArgument(f"source must be one of {allowed}, not {source!r}")
     return source
 
 

@@ -552,13 +552,13 @@ class MySQLBackend(Backend):
     # --- history ------------------------------------------------------------------------------
 
     def history_bounds(self, source: str, topic: str | None) -> tuple[int, int] | None:
-        q = self.Q.history_bounds_dead if source == "dead" else self.Q.history_bounds_done
+        q = getattr(self.Q, f"history_bounds_{source}")
         found = self._run(lambda cur: self._one(cur, q, {"topic": topic}))
         return None if not found or found["lo"] is None else (found["lo"], found["hi"])
 
     def history_rows(self, source: str, topic: str | None, lo: int, hi: int,
                      before: datetime | None) -> list[Row]:
-        q = self.Q.history_rows_dead if source == "dead" else self.Q.history_rows_done
+        q = getattr(self.Q, f"history_rows_{source}")
         return self._all(q, {"topic": topic, "lo": lo, "hi": hi, "before": _naive(before)})
 
     def history_delete(self, source: str, ids: Sequence[int]) -> int:

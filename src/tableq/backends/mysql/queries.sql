@@ -293,6 +293,16 @@ DELETE FROM {p}stage WHERE job = %(job)s;
 SELECT job FROM {p}load_job
 WHERE state = 'open' AND created_at <= UTC_TIMESTAMP(6) - INTERVAL %(older_than_us)s MICROSECOND;
 
+-- name: history_bounds_live :one
+SELECT MIN(id) AS lo, MAX(id) AS hi FROM {p}message WHERE (%(topic)s IS NULL OR topic = %(topic)s);
+
+-- name: history_rows_live :many
+-- Live messages by id range, for snapshots (the lease column is left to the caller).
+SELECT * FROM {p}message
+WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(before)s IS NULL OR created_at < %(before)s)
+ORDER BY id;
+
 -- name: history_bounds_dead :one
 SELECT MIN(id) AS lo, MAX(id) AS hi FROM {p}dead WHERE (%(topic)s IS NULL OR topic = %(topic)s);
 

@@ -344,6 +344,17 @@ DELETE FROM {schema}.stage WHERE job = %(job)s;
 SELECT job FROM {schema}.load_job
 WHERE state = 'open' AND created_at <= statement_timestamp() - make_interval(secs => %(older_than_s)s);
 
+-- name: history_bounds_live :one
+SELECT min(id) AS lo, max(id) AS hi FROM {schema}.message
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s);
+
+-- name: history_rows_live :many
+-- Live messages by id range, for snapshots (the lease column is left to the caller).
+SELECT * FROM {schema}.message
+WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s)
+ORDER BY id;
+
 -- name: history_bounds_dead :one
 SELECT min(id) AS lo, max(id) AS hi FROM {schema}.dead
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s);

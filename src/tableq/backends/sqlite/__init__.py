@@ -443,13 +443,13 @@ class SQLiteBackend(Backend):
     # --- history ------------------------------------------------------------------------------
 
     def history_bounds(self, source: str, topic: str | None) -> tuple[int, int] | None:
-        q = self.Q.history_bounds_dead if source == "dead" else self.Q.history_bounds_done
+        q = getattr(self.Q, f"history_bounds_{source}")
         lo, hi = self._read(lambda c: tuple(c.execute(q, {"topic": topic}).fetchone()))
         return None if lo is None else (lo, hi)
 
     def history_rows(self, source: str, topic: str | None, lo: int, hi: int,
                      before: datetime | None) -> list[Row]:
-        q = self.Q.history_rows_dead if source == "dead" else self.Q.history_rows_done
+        q = getattr(self.Q, f"history_rows_{source}")
         p = {"topic": topic, "lo": lo, "hi": hi, "before": _epoch(before)}
         return [self._row(r) for r in self._read(lambda c: c.execute(q, p).fetchall())]
 

@@ -261,6 +261,16 @@ DELETE FROM {p}stage WHERE job = :job;
 SELECT job FROM {p}load_job
 WHERE state = 'open' AND created_at <= (julianday('now') - 2440587.5) * 86400.0 - :older_than_s;
 
+-- name: history_bounds_live :one
+SELECT min(id) AS lo, max(id) AS hi FROM {p}message WHERE (:topic IS NULL OR topic = :topic);
+
+-- name: history_rows_live :many
+-- Live messages by id range, for snapshots (the lease column is left to the caller).
+SELECT * FROM {p}message
+WHERE id BETWEEN :lo AND :hi AND (:topic IS NULL OR topic = :topic)
+  AND (:before IS NULL OR created_at < :before)
+ORDER BY id;
+
 -- name: history_bounds_dead :one
 SELECT min(id) AS lo, max(id) AS hi FROM {p}dead WHERE (:topic IS NULL OR topic = :topic);
 
