@@ -75,3 +75,18 @@ def test_empty_sources(spark, url: str) -> None:
     tableq.connect(url, migrate=True).close()
     assert _read(spark, url, source="dead").count() == 0
     assert _read(spark, url, topic="nothing").count() == 0
+
+
+def test_live_snapshot_is_partitioned_and_leases_nothing(spark, any_url: str) -> None:
+    q = tableq.connect(any_url, migrate=True)
+    q.send_many("big", [{"i": i} for i in range(25_000)])
+    held = q.receive("big", max=3, visibility_timeout=600)
+    df = _read(spark, any_url, topic="big", numPartitions="3")
+    assert df.rdd.getNumPartitions() == 3
+    assert df.count() == 25_000 and df.select("id").distinct().count() == 25_000
+    leased = df.where("attempts = 1").collect()
+    assert sorted(r.id for r in leased) == sorted(m.id for m in held)
+    assert all(r.lease is None and r.received_at is not None for r in leased)
+    s = q.stats("big")[0]
+    assert (s.ready, s.in_flight) == (24_997, 3)  # reading leased nothing
+    q.close()

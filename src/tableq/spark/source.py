@@ -164,7 +164,8 @@ class IdRange(InputPartition):
 
 
 class TableqBatchReader(DataSourceReader):
-    """A snapshot partitioned by id range. Bounds are taken once, at planning.
+    """A snapshot partitioned by id range (Queue.history_bounds / Queue.history, which lease
+    nothing). Bounds are taken once, at planning.
 
     No pushFilters: in pyspark 4.3 the partitions planned for one filtered query were reused
     for later queries of the same DataFrame (df.where("topic = 'b'").count() then df.count()
@@ -178,10 +179,6 @@ class TableqBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         q = queue_for(self.opts.url)
-        if self.opts.source == "live":
-            hi = self.hi if self.hi is not None else 2**63 - 1
-            return [IdRange(self.opts.url, "live", self.topic, self.lo or 1, hi, None,
-                            self.opts.rows_per_read)]
         bounds = q.history_bounds(self.opts.source, self.topic)
         lo = max(bounds[0], self.lo or bounds[0]) if bounds else 1
         hi = min(bounds[1], self.hi if self.hi is not None else bounds[1]) if bounds else 0
@@ -195,9 +192,6 @@ class TableqBatchReader(DataSourceReader):
 
     def read(self, partition: IdRange) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
         q = queue_for(partition.url)
-        if partition.source == "live":
-            yield from _read_live(q, partition, self.columns)
-            return
 
         def rows() -> Iterator[dict[str, Any]]:
             a = partition.lo
@@ -208,21 +202,6 @@ class TableqBatchReader(DataSourceReader):
                 a = b + 1
 
         yield from arrow_batches(rows(), self.schema)
-
-
-def _read_live(q: Any, p: IdRange, columns: list[str]) -> Iterator[tuple[Any, ...]]:
-    """Live messages without leasing them. The core has no "live rows by id range" call yet,
-    so this is peek(): at most 10,000 messages, in delivery order, one partition."""
-    assert p.topic is not None
-    msgs = q.peek(p.topic, limit=10_000)
-    if len(msgs) >= 10_000:
-        raise OptionError("source", f"topic {p.topic!r} has more than 10,000 live messages; a "
-                                    "batch read of live messages is limited to 10,000 until "
-                                    "the core offers reads by id range")
-    for m in msgs:
-        if not p.lo <= m.id <= p.hi:
-            continue
-        yield to_tuple({**_message_row(m), "lease": None}, columns)
 
 
 # --- streaming read -----------------------------------------------------------------------
