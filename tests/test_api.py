@@ -492,11 +492,15 @@ def test_staged_load_is_invisible_until_published_and_idempotent(q: tableq.Queue
     assert q.staged_job_state("job-1") == "committed"
     assert sorted(str(m.payload) for m in q.peek("bulk", limit=50)) == sorted(
         ["0", "1", "2", "3", "4", "x"])
+    q.stage_many("job-4", 0, "bulk", [1, 2])
+    with pytest.raises(tableq.LoadIncomplete):  # rows the writers reported are gone
+        q.publish_staged("job-4", [0], expected_rows=3)
+    assert q.publish_staged("job-4", [0], expected_rows=2) == 2
     q.stage_many("job-2", 0, "bulk", [1, 2])
     assert q.discard_staged("job-2") == 2 and q.staged_job_state("job-2") == "aborted"
     q.stage_many("job-3", 0, "bulk", [1])
     assert q.cleanup_staged(older_than=0) == 1
-    assert q.stats("bulk")[0].live == 6
+    assert q.stats("bulk")[0].live == 8
 
 
 def test_live_snapshot_by_id_range(q: tableq.Queue) -> None:

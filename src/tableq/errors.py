@@ -167,6 +167,16 @@ class DatabaseTimeout(DatabaseError):
                          f"{advice}")
 
 
+class LoadIncomplete(DatabaseError):
+    def __init__(self, job: str, expected: int, found: int) -> None:
+        self.job, self.expected, self.found = job, expected, found
+        super().__init__(
+            f"bulk load {job!r} staged {expected} rows but {found} are still staged (a "
+            "database crash or failover empties the staging table); nothing was published: "
+            "run the load again"
+        )
+
+
 class StorageFull(DatabaseError):
     def __init__(self, where: str, reason: str) -> None:
         super().__init__(

@@ -455,13 +455,17 @@ class Queue:
         return self.backend.stage(_job(job), int(part), rows) if rows else 0
 
     def publish_staged(self, job: str, parts: Sequence[int], *,
-                       on_duplicate: str = "ignore") -> int | None:
+                       on_duplicate: str = "ignore",
+                       expected_rows: int | None = None) -> int | None:
         """In one transaction: makes the staged rows of `parts` visible, drops every other
         staged row of the job, and marks the job committed. Returns the number published, or
-        None when the job was already committed (so a rerun is a no-op)."""
+        None when the job was already committed (so a rerun is a no-op). `expected_rows`
+        (what the writers reported staging) guards against staged rows lost to a database
+        crash: fewer or more raise LoadIncomplete and nothing is published."""
         if on_duplicate not in ("ignore", "replace"):
             raise InvalidArgument("publish_staged takes on_duplicate='ignore' or 'replace'")
-        return self.backend.publish(_job(job), [int(p) for p in parts], on_duplicate)
+        return self.backend.publish(_job(job), [int(p) for p in parts], on_duplicate,
+                                    expected_rows)
 
     def discard_staged(self, job: str) -> int:
         """Drops every staged row of the job (an aborted load). Returns how many."""

@@ -182,9 +182,11 @@ class Backend(ABC):
     @abstractmethod
     def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int: ...
     @abstractmethod
-    def publish(self, job: str, parts: Sequence[int], on_duplicate: str) -> int | None:
+    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+                expected: int | None = None) -> int | None:
         """Moves the listed parts' staged rows into the queue in one transaction and marks
-        the job committed; returns None if the job was already committed (a no-op)."""
+        the job committed; returns None if the job was already committed (a no-op). With
+        `expected`, raises LoadIncomplete unless exactly that many rows are staged."""
     @abstractmethod
     def discard(self, job: str) -> int: ...
     @abstractmethod

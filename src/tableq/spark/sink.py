@@ -280,9 +280,10 @@ class TableqWriter(DataSourceArrowWriter):
             raise RuntimeError("fault injected into commit() by option _fault=commit")
         parts = _parts(messages)
         started = time.perf_counter()
-        n = queue_for(self.opts.url).publish_staged(self.job, parts,
-                                                   on_duplicate=self.opts.on_duplicate)
         staged = sum(m.rows for m in messages if isinstance(m, StagedPart))
+        n = queue_for(self.opts.url).publish_staged(self.job, parts,
+                                                   on_duplicate=self.opts.on_duplicate,
+                                                   expected_rows=staged)
         if n is None:
             log.info("tableq.load_skipped job=%s reason=already_committed", self.job)
         else:
@@ -329,7 +330,8 @@ class TableqStreamWriter(DataSourceStreamArrowWriter):
             return
         job = staged[0].job
         n = queue_for(self.opts.url).publish_staged(job, _parts(staged),
-                                                   on_duplicate=self.opts.on_duplicate)
+                                                   on_duplicate=self.opts.on_duplicate,
+                                                   expected_rows=sum(m.rows for m in staged))
         if self.opts.fault == f"exit-after-publish:{batchId}":
             os._exit(3)  # as if the driver died here: published, but not in Spark's commit log
         if n is None:

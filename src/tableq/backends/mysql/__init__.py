@@ -32,7 +32,7 @@ from tableq.backends.base import (
     shape_row,
 )
 from tableq.backends.mysql.errors import UniqueViolation, map_errors
-from tableq.errors import DuplicateMessage, InvalidArgument, UnsupportedDatabase
+from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
@@ -508,7 +508,8 @@ class MySQLBackend(Backend):
             return len(rows)
         return self._run(run, tx=True)
 
-    def publish(self, job: str, parts: Sequence[int], on_duplicate: str) -> int | None:
+    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+                expected: int | None = None) -> int | None:
         query = self.Q.stage_publish_replace if on_duplicate == "replace" else self.Q.stage_publish
 
         def run(cur: Any) -> int | None:
@@ -518,10 +519,13 @@ class MySQLBackend(Backend):
                 cur.execute(self.Q.stage_delete_job, {"job": job})
                 return None
             n = 0
+            p = {"job": job, "parts": tuple(parts) or (-1,)}
+            staged = int(self._one(cur, self.Q.stage_count, p)["n"])  # type: ignore[index]
+            if expected is not None and staged != expected:
+                raise LoadIncomplete(job, expected, staged)
             if parts:
-                p = {"job": job, "parts": tuple(parts)}
                 if on_duplicate == "replace":  # rowcount counts an updated row twice
-                    n = int(self._one(cur, self.Q.stage_count, p)["n"])  # type: ignore[index]
+                    n = staged
                     cur.execute(query, p)
                 else:  # inserted rows count 1, dropped duplicates 0
                     n = cur.execute(query, p)

@@ -30,7 +30,13 @@ from tableq.backends.base import (
     shape_row,
 )
 from tableq.backends.postgres.errors import UniqueViolation, map_errors
-from tableq.errors import DatabaseError, DuplicateMessage, InvalidArgument, UnsupportedDatabase
+from tableq.errors import (
+    DatabaseError,
+    DuplicateMessage,
+    InvalidArgument,
+    LoadIncomplete,
+    UnsupportedDatabase,
+)
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
@@ -432,7 +438,8 @@ class PostgresBackend(Backend):
             return len(rows)
         return self._run(run, tx=True)
 
-    def publish(self, job: str, parts: Sequence[int], on_duplicate: str) -> int | None:
+    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+                expected: int | None = None) -> int | None:
         query = self.Q.stage_publish_replace if on_duplicate == "replace" else self.Q.stage_publish
 
         def run(cur: psycopg.Cursor[Any]) -> int | None:
@@ -440,7 +447,12 @@ class PostgresBackend(Backend):
             if state == "committed":
                 cur.execute(self.Q.stage_delete_job, {"job": job})
                 return None
-            n = cur.execute(query, {"job": job, "parts": list(parts)}).rowcount
+            p = {"job": job, "parts": list(parts)}
+            if expected is not None:
+                found = cur.execute(self.Q.stage_count, p).fetchone()["n"]
+                if found != expected:
+                    raise LoadIncomplete(job, expected, found)
+            n = cur.execute(query, p).rowcount
             cur.execute(self.Q.stage_delete_job, {"job": job})
             cur.execute(self.Q.load_job_finish, {"job": job, "state": "committed", "rows": n})
             return n

@@ -337,6 +337,9 @@ ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
     last_error = NULL, progress = NULL, received_at = NULL,
     available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at;
 
+-- name: stage_count :one
+SELECT count(*) AS n FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[]);
+
 -- name: stage_delete_job :exec
 DELETE FROM {schema}.stage WHERE job = %(job)s;
 

@@ -27,7 +27,7 @@ from tableq.backends.base import (
     shape_row,
 )
 from tableq.backends.sqlite.errors import map_errors
-from tableq.errors import DuplicateMessage, InvalidArgument
+from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
@@ -409,14 +409,20 @@ class SQLiteBackend(Backend):
             return len(rows)
         return self._write(run)
 
-    def publish(self, job: str, parts: Sequence[int], on_duplicate: str) -> int | None:
+    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+                expected: int | None = None) -> int | None:
         def run(c: sqlite3.Connection) -> int | None:
             state = c.execute(self.Q.load_job_state, {"job": job}).fetchone()
             if state is not None and state[0] == "committed":
                 c.execute(self.Q.stage_delete_job, {"job": job})
                 return None
             q = self.Q.stage_publish_replace if on_duplicate == "replace" else self.Q.stage_publish
-            n = c.execute(q, {"job": job, "parts": json.dumps(list(parts))}).rowcount
+            p = {"job": job, "parts": json.dumps(list(parts))}
+            if expected is not None:
+                found = c.execute(self.Q.stage_count, p).fetchone()[0]
+                if found != expected:
+                    raise LoadIncomplete(job, expected, found)
+            n = c.execute(q, p).rowcount
             c.execute(self.Q.stage_delete_job, {"job": job})
             c.execute(self.Q.load_job_finish, {"job": job, "state": "committed", "rows": n})
             return n

@@ -254,6 +254,10 @@ ON CONFLICT (topic, key) DO UPDATE SET
     last_error = NULL, progress = NULL, received_at = NULL,
     available_at = excluded.available_at, first_available_at = excluded.first_available_at;
 
+-- name: stage_count :one
+SELECT count(*) AS n FROM {p}stage
+WHERE job = :job AND part IN (SELECT value FROM json_each(:parts));
+
 -- name: stage_delete_job :exec
 DELETE FROM {p}stage WHERE job = :job;
 

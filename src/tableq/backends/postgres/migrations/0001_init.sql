@@ -61,8 +61,11 @@ CREATE TABLE {schema}.done (
 );
 CREATE INDEX done_topic ON {schema}.done (topic, id);
 
-CREATE TABLE {schema}.stage (
-    sid bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+-- UNLOGGED: staged rows are written once more when published, so logging them twice would
+-- only slow bulk loads. A crash empties this table; publish counts the staged rows against
+-- what the writers reported and refuses an incomplete load instead of publishing part of it.
+CREATE UNLOGGED TABLE {schema}.stage (
+    sid bigint GENERATED ALWAYS AS IDENTITY,
     job text NOT NULL,
     part bigint NOT NULL,
     topic text NOT NULL,
