@@ -117,7 +117,8 @@ def write_html(rep: Report, path: str) -> str:
 
     figs = []
     if len(rep.throughput):
-        figs.append(px.line(rep.throughput, x="bucket", y="done", color="topic",
+        # Markers too: a short run may fill a single bucket, which a bare line cannot show.
+        figs.append(px.line(rep.throughput, x="bucket", y="done", color="topic", markers=True,
                             title="Throughput: messages done per bucket"))
     if len(rep.attempts):
         figs.append(px.bar(rep.attempts, x="attempts", y="messages", color="topic",
