@@ -42,15 +42,27 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), console=console)
 
 
-def load_with_spark(url: str, jobs: int, master: str | None) -> Any:
-    from tableq.spark import load
-    from tableq.spark.session import get_session
+def start_spark(master: str | None) -> Any:
+    """A Spark session, or None (with the reason printed) when pyspark or Java is missing."""
+    try:
+        from tableq.spark.session import get_session
 
-    console.rule("[bold]1. Spark bulk-loads the jobs (staged, published in one commit)")
-    t0 = time.perf_counter()
-    spark = get_session(master, app_name="tableq-demo")
+        t0 = time.perf_counter()
+        spark = get_session(master, app_name="tableq-demo")
+    except Exception as exc:  # pyspark missing, or no Java: the story goes on without Spark
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        console.print(f"[yellow]Spark is not available ({reason}); install Java 17 and "
+                      "'tableq[spark]' for the full story. Continuing without Spark.")
+        return None
     console.print(f"Spark session {spark.sparkContext.master} ready in "
                   f"{time.perf_counter() - t0:.1f}s")
+    return spark
+
+
+def load_with_spark(spark: Any, url: str, jobs: int) -> None:
+    from tableq.spark import load
+
+    console.rule("[bold]1. Spark bulk-loads the jobs (staged, published in one commit)")
     with _progress() as bar:
         task = bar.add_task("load tasks", total=None)
         result = load.load_jobs(spark, url, TOPIC, jobs,
@@ -58,7 +70,6 @@ def load_with_spark(url: str, jobs: int, master: str | None) -> Any:
         bar.update(task, completed=1, total=1)
     console.print(f"loaded {result.rows:,} jobs in {result.seconds:.1f}s "
                   f"({result.rows / result.seconds:,.0f} rows/s), job id {result.job}")
-    return spark
 
 
 def load_without_spark(q: tableq.Queue, jobs: int) -> None:
@@ -158,14 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     with tableq.connect(url, migrate=True, retention=True) as q:
         q.purge(TOPIC)
         q.purge_dead(TOPIC)
-        spark = None
-        if not args.no_spark:
-            try:
-                spark = load_with_spark(url, args.jobs, args.master)
-            except ImportError as exc:
-                console.print(f"[yellow]Spark is not available ({exc}); "
-                              "pip install 'tableq[spark]' and Java 17 for the full story")
-        if spark is None:
+        spark = None if args.no_spark else start_spark(args.master)
+        if spark is not None:
+            load_with_spark(spark, url, args.jobs)
+        else:
             load_without_spark(q, args.jobs)
         console.print(stats_table(q, "the queue after loading"))
     process(url, args.concurrency)
