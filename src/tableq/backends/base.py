@@ -220,6 +220,28 @@ def dead_row_values(row: Row, to_db_time: Callable[[datetime | None], Any]) -> d
     }
 
 
+FieldClause = Callable[[int, str, Any, dict[str, Any]], str]
+
+
+def compile_filter(where: Filter | None, *, param: Callable[[str], str], key_column: str,
+                   field_clause: FieldClause) -> tuple[str, dict[str, Any]]:
+    """A receive filter as " AND ..." SQL over bound parameters. The backend supplies its
+    parameter syntax and the clause for one top-level JSON field (`field_clause(i, field,
+    value, params)` adds its own parameters); names and values are never spliced."""
+    if where is None:
+        return "", {}
+    sql, params = [], {}
+    if where.kind is not None:
+        sql.append(f"kind = {param('f_kind')}")
+        params["f_kind"] = where.kind
+    if where.key is not None:
+        sql.append(f"{key_column} = {param('f_key')}")
+        params["f_key"] = where.key
+    for i, (field, value) in enumerate(where.fields):
+        sql.append(field_clause(i, field, value, params))
+    return "".join(" AND " + s for s in sql), params
+
+
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]

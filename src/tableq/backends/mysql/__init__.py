@@ -31,6 +31,9 @@ from tableq.backends.base import (
     retrying,
     shape_row,
 )
+from tableq.backends.base import (
+    compile_filter as base_compile_filter,
+)
 from tableq.backends.mysql.errors import UniqueViolation, map_errors
 from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete, UnsupportedDatabase
 from tableq.url import DatabaseURL
@@ -56,37 +59,28 @@ def _us(seconds: float) -> int:
     return int(round(seconds * 1_000_000))
 
 
+def _field_clause(i: int, field: str, value: Any, params: dict[str, Any]) -> str:
+    """One JSON field compared by type and value. The path is bound too; field names passed
+    a narrow grammar, so the path language sees no '$', '.', '*' or quotes from users."""
+    path, val = f"f_path{i}", f"f_val{i}"
+    params[path] = f'$."{field}"'
+    typ = f"JSON_TYPE(JSON_EXTRACT(payload, %({path})s))"
+    text = f"JSON_UNQUOTE(JSON_EXTRACT(payload, %({path})s)) = %({val})s"
+    if value is None:
+        return f"{typ} = 'NULL'"
+    if isinstance(value, bool):
+        params[val] = "true" if value else "false"
+        return f"({typ} = 'BOOLEAN' AND {text})"
+    params[val] = value
+    if isinstance(value, str):
+        return f"({typ} = 'STRING' AND {text})"
+    return (f"({typ} IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL') AND "
+            f"JSON_EXTRACT(payload, %({path})s) = %({val})s)")
+
+
 def compile_filter(where: Filter | None) -> tuple[str, dict[str, Any]]:
-    """The receive filter over bound parameters. The JSON path is bound too; field names
-    passed a narrow grammar, so the path language sees no '$', '.', '*' or quotes from users."""
-    if where is None:
-        return "", {}
-    sql, params = [], {}
-    if where.kind is not None:
-        sql.append("kind = %(f_kind)s")
-        params["f_kind"] = where.kind
-    if where.key is not None:
-        sql.append("`key` = %(f_key)s")
-        params["f_key"] = where.key
-    for i, (field, value) in enumerate(where.fields):
-        path, val = f"f_path{i}", f"f_val{i}"
-        params[path] = f'$."{field}"'
-        typ = f"JSON_TYPE(JSON_EXTRACT(payload, %({path})s))"
-        if value is None:
-            sql.append(f"{typ} = 'NULL'")
-        elif isinstance(value, bool):
-            sql.append(f"({typ} = 'BOOLEAN' AND "
-                       f"JSON_UNQUOTE(JSON_EXTRACT(payload, %({path})s)) = %({val})s)")
-            params[val] = "true" if value else "false"
-        elif isinstance(value, str):
-            sql.append(f"({typ} = 'STRING' AND "
-                       f"JSON_UNQUOTE(JSON_EXTRACT(payload, %({path})s)) = %({val})s)")
-            params[val] = value
-        else:
-            sql.append(f"({typ} IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL') AND "
-                       f"JSON_EXTRACT(payload, %({path})s) = %({val})s)")
-            params[val] = value
-    return "".join(" AND " + s for s in sql), params
+    return base_compile_filter(where, param=lambda n: f"%({n})s", key_column="`key`",
+                               field_clause=_field_clause)
 
 
 def _repeat_rows(query: str, n: int) -> str:
@@ -485,7 +479,7 @@ class MySQLBackend(Backend):
                 return cur.execute(self.Q.lease_ack, p)  # type: ignore[no-any-return]
             ids = tuple(r["id"] for r in self._all_raw(cur, self.Q.lease_lock, p))
             if ids:
-                cur.execute(self.Q.lease_archive, {"ids": ids})
+                cur.execute(self.Q.message_archive_ids, {"ids": ids})
                 cur.execute(self.Q.message_delete_ids, {"ids": ids})
             return len(ids)
         return self._run(run, tx=True)

@@ -109,6 +109,7 @@ DELETE FROM {p}message WHERE id IN %(ids)s;
 SELECT id FROM {p}message WHERE (id, lease) IN %(refs)s FOR UPDATE;
 
 -- name: message_archive_ids :exec
+-- Run on rows already locked (FOR UPDATE): they cannot change between this copy and the delete.
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
@@ -225,14 +226,6 @@ DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
 
 -- name: lease_rows :many
 SELECT * FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s ORDER BY priority DESC, id;
-
--- name: lease_archive :exec
--- Run after lease_lock: the rows cannot change between this copy and the delete.
-INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
-                     created_at, first_available_at, received_at, done_at, lease)
-SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
-       first_available_at, received_at, UTC_TIMESTAMP(6), lease
-FROM {p}message WHERE id IN %(ids)s;
 
 -- name: lease_ack :exec
 DELETE FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s;

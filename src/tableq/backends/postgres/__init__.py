@@ -29,6 +29,9 @@ from tableq.backends.base import (
     retrying,
     shape_row,
 )
+from tableq.backends.base import (
+    compile_filter as base_compile_filter,
+)
 from tableq.backends.postgres.errors import UniqueViolation, map_errors
 from tableq.errors import (
     DatabaseError,
@@ -52,23 +55,16 @@ def _same(value: Any) -> Any:
     return value  # psycopg already decoded jsonb
 
 
+def _field_clause(i: int, field: str, value: Any, params: dict[str, Any]) -> str:
+    """`payload -> key` takes the key as a bound value, never as a path string."""
+    params[f"f_field{i}"] = field
+    params[f"f_value{i}"] = json.dumps(value)
+    return f"payload -> %(f_field{i})s = %(f_value{i})s::jsonb"
+
+
 def compile_filter(where: Filter | None) -> tuple[str, dict[str, Any]]:
-    """The receive filter as SQL over bound parameters: `payload -> key` takes the key as a
-    bound value, never as a path string."""
-    if where is None:
-        return "", {}
-    sql, params = [], {}
-    if where.kind is not None:
-        sql.append("kind = %(f_kind)s")
-        params["f_kind"] = where.kind
-    if where.key is not None:
-        sql.append("key = %(f_key)s")
-        params["f_key"] = where.key
-    for i, (field, value) in enumerate(where.fields):
-        sql.append(f"payload -> %(f_field{i})s = %(f_value{i})s::jsonb")
-        params[f"f_field{i}"] = field
-        params[f"f_value{i}"] = json.dumps(value)
-    return "".join(" AND " + s for s in sql), params
+    return base_compile_filter(where, param=lambda n: f"%({n})s", key_column="key",
+                               field_clause=_field_clause)
 
 
 def _arrays(rows: Sequence[NewMessage]) -> dict[str, list[Any]]:

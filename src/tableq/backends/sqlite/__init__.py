@@ -26,6 +26,9 @@ from tableq.backends.base import (
     retrying,
     shape_row,
 )
+from tableq.backends.base import (
+    compile_filter as base_compile_filter,
+)
 from tableq.backends.sqlite.errors import map_errors
 from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
 from tableq.url import DatabaseURL
@@ -49,34 +52,24 @@ def _epoch(at: datetime | None) -> float | None:
     return at.timestamp() if at is not None else None
 
 
+def _field_clause(i: int, field: str, value: Any, params: dict[str, Any]) -> str:
+    """One JSON field compared by type and value; the path is bound (the field name passed a
+    narrow grammar)."""
+    path, p = f"f_path{i}", f"f_val{i}"
+    params[path] = f'$."{field}"'
+    if value is None or isinstance(value, bool):
+        params[p] = "null" if value is None else ("true" if value else "false")
+        return f"json_type(payload, :{path}) = :{p}"
+    params[p] = value
+    if isinstance(value, str):
+        return f"(json_type(payload, :{path}) = 'text' AND payload ->> :{path} = :{p})"
+    return (f"(json_type(payload, :{path}) IN ('integer', 'real') "
+            f"AND payload ->> :{path} = :{p})")
+
+
 def compile_filter(where: Filter | None) -> tuple[str, dict[str, Any]]:
-    """The receive filter as SQL over bound parameters. Field names were validated against a
-    narrow grammar, and are bound as JSON paths too."""
-    if where is None:
-        return "", {}
-    sql, params = [], {}
-    if where.kind is not None:
-        sql.append("kind = :f_kind")
-        params["f_kind"] = where.kind
-    if where.key is not None:
-        sql.append("key = :f_key")
-        params["f_key"] = where.key
-    for i, (field, value) in enumerate(where.fields):
-        path, p = f"f_path{i}", f"f_val{i}"
-        params[path] = f'$."{field}"'
-        if value is None or isinstance(value, bool):
-            sql.append(f"json_type(payload, :{path}) = :{p}")
-            params[p] = "null" if value is None else ("true" if value else "false")
-        elif isinstance(value, str):
-            sql.append(f"(json_type(payload, :{path}) = 'text' AND payload ->> :{path} = :{p})")
-            params[p] = value
-        else:
-            sql.append(
-                f"(json_type(payload, :{path}) IN ('integer', 'real') "
-                f"AND payload ->> :{path} = :{p})"
-            )
-            params[p] = value
-    return "".join(" AND " + s for s in sql), params
+    return base_compile_filter(where, param=lambda n: f":{n}", key_column="key",
+                               field_clause=_field_clause)
 
 
 class SQLiteBackend(Backend):
