@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*(:\w+)?\s*$", re.MULTILINE)
 
@@ -50,6 +51,22 @@ class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
+
+
+def apply_pending(migrations: list[Migration], done: set[int], execute: Any,
+                  record_query: str) -> list[int]:
+    """Runs every migration not in `done`, in order, each followed by its record row, through
+    `execute(sql, params=None)` (a cursor's or connection's execute). Returns the versions
+    applied. The caller holds the migration lock and owns the transaction."""
+    applied = []
+    for mig in migrations:
+        if mig.version in done:
+            continue
+        for statement in mig.statements:
+            execute(statement)
+        execute(record_query, {"version": mig.version, "name": mig.name})
+        applied.append(mig.version)
+    return applied
 
 
 def split_statements(sql: str) -> list[str]:

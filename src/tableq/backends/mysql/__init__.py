@@ -9,6 +9,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -16,7 +17,7 @@ import pymysql
 from pymysql.cursors import DictCursor
 
 from tableq.backends._pool import Pool
-from tableq.backends._queries import Queries, load_migrations, load_queries
+from tableq.backends._queries import Queries, apply_pending, load_migrations, load_queries
 from tableq.backends.base import (
     Backend,
     ClaimResult,
@@ -221,19 +222,14 @@ class MySQLBackend(Backend):
     def migrate(self) -> list[int]:
         self.now()  # connects once, so the server flavour is known
         collation = "utf8mb4_nopad_bin" if self.mariadb else "utf8mb4_0900_bin"
-        migrations = load_migrations(__package__, "{p}", self.prefix)
+        migrations = [
+            replace(m, statements=tuple(s.replace("{bin}", collation) for s in m.statements))
+            for m in load_migrations(__package__, "{p}", self.prefix)
+        ]
 
         def run(cur: Any) -> list[int]:
             done = {r["version"] for r in self._all_raw(cur, self.Q.migration_versions)}
-            applied = []
-            for mig in migrations:
-                if mig.version in done:
-                    continue
-                for statement in mig.statements:
-                    cur.execute(statement.replace("{bin}", collation))
-                cur.execute(self.Q.migration_record, {"version": mig.version, "name": mig.name})
-                applied.append(mig.version)
-            return applied
+            return apply_pending(migrations, done, cur.execute, self.Q.migration_record)
         return self._locked(run)
 
     # --- sending --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from tableq.backends._pool import Pool
-from tableq.backends._queries import load_migrations, load_queries
+from tableq.backends._queries import apply_pending, load_migrations, load_queries
 from tableq.backends.base import (
     Backend,
     ClaimResult,
@@ -223,15 +223,7 @@ class PostgresBackend(Backend):
         def run(cur: psycopg.Cursor[Any]) -> list[int]:
             # DDL is transactional here; the advisory lock makes migrators take turns.
             done = self._migration_setup(cur)
-            applied = []
-            for mig in self._migrations:
-                if mig.version in done:
-                    continue
-                for statement in mig.statements:
-                    cur.execute(statement)
-                cur.execute(self.Q.migration_record, {"version": mig.version, "name": mig.name})
-                applied.append(mig.version)
-            return applied
+            return apply_pending(self._migrations, done, cur.execute, self.Q.migration_record)
         return self._run(run, tx=True)
 
     # --- sending --------------------------------------------------------------------------

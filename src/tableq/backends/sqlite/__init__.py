@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from tableq.backends._pool import Pool
-from tableq.backends._queries import load_migrations, load_queries
+from tableq.backends._queries import apply_pending, load_migrations, load_queries
 from tableq.backends.base import (
     Backend,
     ClaimResult,
@@ -182,15 +182,7 @@ class SQLiteBackend(Backend):
             # DDL is transactional in SQLite, and BEGIN IMMEDIATE makes migrators take turns.
             c.execute(self.Q.migration_create)
             done = {r[0] for r in c.execute(self.Q.migration_versions)}
-            applied = []
-            for mig in self._migrations:
-                if mig.version in done:
-                    continue
-                for statement in mig.statements:
-                    c.execute(statement)
-                c.execute(self.Q.migration_record, {"version": mig.version, "name": mig.name})
-                applied.append(mig.version)
-            return applied
+            return apply_pending(self._migrations, done, c.execute, self.Q.migration_record)
         return self._write(run)
 
     # --- sending --------------------------------------------------------------------------
