@@ -94,43 +94,42 @@ def main() -> None:
         assert qj.stats("bench")[0].ready == n, qj.stats("bench")
         results.append(("batch write: Spark JDBC writer into the same table (per-task "
                         "commits, not exactly once)", n, took))
-        qj.purge("bench")
         qj.close()
     else:
         print(f"(no {JAR}: JDBC comparison skipped)", file=sys.stderr)
 
-    m = min(args.stream_rows, n)
+    m = args.stream_rows
     ck = tempfile.mkdtemp(prefix="tableq-bench-ck-")
     try:
-        # Consume: the first m messages of the loaded topic, to a noop sink.
-        stream = (spark.readStream.format("tableq").option("url", tq_url)
-                  .option("topic", "bench").option("maxRows", str(args.max_rows)).load())
+        # Consume: an AvailableNow query drains a topic of m messages into a noop sink.
+        for topic in ("stream-a", "stream-b"):
+            frame(m).write.format("tableq").option("url", tq_url).option("topic", topic) \
+                .mode("append").save()
         t = time.perf_counter()
-        query = (stream.writeStream.format("noop").option("checkpointLocation", f"{ck}/a")
-                 .trigger(availableNow=True).start())
-        _stop_after(q, query, n - m)
+        (spark.readStream.format("tableq").option("url", tq_url).option("topic", "stream-a")
+         .option("maxRows", str(args.max_rows)).load()
+         .writeStream.format("noop").option("checkpointLocation", f"{ck}/a")
+         .trigger(availableNow=True).start().awaitTermination())
         took = time.perf_counter() - t
+        assert not q.stats("stream-a") or q.stats("stream-a")[0].live == 0
         results.append((f"stream read (maxRows={args.max_rows}) -> noop, acked", m, took))
-        # Topic to topic, exactly once: bench -> moved through the tableq sink.
-        left = q.stats("bench")[0].ready
-        m2 = min(m, left)
+        # Topic to topic, exactly once: stream-b -> moved through the tableq sink.
         t = time.perf_counter()
-        query = (spark.readStream.format("tableq").option("url", tq_url)
-                 .option("topic", "bench").option("maxRows", str(args.max_rows)).load()
-                 .select("payload").writeStream.format("tableq").option("url", tq_url)
-                 .option("topic", "moved").option("payloadFormat", "json")
-                 .option("sinkName", "bench").option("checkpointLocation", f"{ck}/b")
-                 .trigger(availableNow=True).start())
-        _stop_after(q, query, left - m2)
+        (spark.readStream.format("tableq").option("url", tq_url).option("topic", "stream-b")
+         .option("maxRows", str(args.max_rows)).load()
+         .select("payload").writeStream.format("tableq").option("url", tq_url)
+         .option("topic", "moved").option("payloadFormat", "json")
+         .option("sinkName", "bench").option("checkpointLocation", f"{ck}/b")
+         .trigger(availableNow=True).start().awaitTermination())
         took = time.perf_counter() - t
         moved = q.stats("moved")[0].ready
+        assert moved == m, (moved, m)
         results.append((f"stream a -> b through the tableq sink (maxRows={args.max_rows})",
                         moved, took))
     finally:
         shutil.rmtree(ck, ignore_errors=True)
-    for topic in ("bench", "moved"):
-        q.purge(topic)
     q.close()
+    _drop_schemas(args.url, [warm, tq_url] + ([jdbc_url] if have_jar else []))
     print(f"\nPostgreSQL, {args.master}, {parts} partitions, pyspark {spark.version}\n")
     print("| path | rows | seconds | rows/s |")
     print("|---|---:|---:|---:|")
@@ -139,18 +138,17 @@ def main() -> None:
     spark.stop()
 
 
-def _stop_after(q: tableq.Queue, query, remaining: int) -> None:  # type: ignore[no-untyped-def]
-    """Runs an AvailableNow query, stopping it early once only `remaining` messages are left
-    (to consume part of a large topic)."""
-    if remaining <= 0:
-        query.awaitTermination()
-        return
-    while query.isActive:
-        if query.awaitTermination(0.5):
-            break
-        if q.stats("bench")[0].ready <= remaining:
-            query.stop()
-            break
+def _drop_schemas(base: str, urls: list[str]) -> None:
+    """The benchmark's own schemas go when it ends (a benchmark, not the library: raw SQL)."""
+    import psycopg
+
+    u = tableq.url.parse_url(base)
+    with psycopg.connect(host=u.host, port=u.port or 5432, dbname=u.database,
+                         user=u.user or "postgres", password=u.password or None,
+                         autocommit=True) as conn:
+        for url in urls:
+            name = tableq.url.parse_url(url).namespace
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 if __name__ == "__main__":

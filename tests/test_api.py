@@ -503,6 +503,53 @@ def test_staged_load_is_invisible_until_published_and_idempotent(q: tableq.Queue
     assert q.stats("bulk")[0].live == 8
 
 
+def test_staged_rows_are_hidden_from_every_reader_until_published(q: tableq.Queue) -> None:
+    q.send("vis", "before")
+    q.stage_many("job-v", 7, "vis", [1, 2, {"payload": 3, "delay": 60},
+                                     {"payload": 4, "priority": 5}])
+    q.stage_many("job-v", 9, "only-staged", ["hidden"])
+    assert "only-staged" not in q.topics()
+    (stats,) = q.stats("vis")
+    assert (stats.ready, stats.scheduled, stats.live) == (1, 0, 1)
+    assert [m.payload for m in q.peek("vis", limit=10)] == ["before"]
+    lo, hi = q.history_bounds("live", "vis")  # type: ignore[misc]
+    assert [r["payload"] for r in q.history("live", "vis", lo, hi + 100)] == ["before"]
+    got = q.receive("vis", max=10)
+    assert [m.payload for m in got] == ["before"]
+    q.ack(got[0])
+    q.send("vis", "purged")
+    assert q.purge("vis") == 1  # purge takes only what readers see
+    assert q.publish_staged("job-v", [7, 9], expected_rows=5) == 5
+    (stats,) = q.stats("vis")
+    assert (stats.ready, stats.scheduled) == (3, 1)
+    assert [m.payload for m in q.peek("vis", limit=10)][:1] == [4]  # priority still counts
+    assert q.peek("only-staged")[0].payload == "hidden"
+    # A task of the finished job arriving late (or replayed) writes nothing.
+    assert q.stage_many("job-v", 8, "vis", [99]) == 0
+    assert q.publish_staged("job-v", [8]) is None and q.stats("vis")[0].live == 4
+    # A job id reused after an abort starts afresh.
+    q.stage_many("job-r", 0, "vis", [5])
+    assert q.discard_staged("job-r") == 1 and q.stats("vis")[0].live == 4
+    assert q.stage_many("job-r", 0, "vis", [6]) == 1
+    assert q.publish_staged("job-r", [0], expected_rows=1) == 1
+    assert sorted(m.payload for m in q.peek("vis", limit=10)) == [1, 2, 3, 4, 6]
+
+
+def test_staged_load_round_trips_awkward_values(q: tableq.Queue) -> None:
+    q.kinds.register("odd\\kind")
+    items = [b"\x00\t\n\\\r\xff", "tab\tnl\ncr\rbs\\ quote\" \u2028 é",
+             {"payload": {"k\\": ["\\N", None]}, "headers": {"h\\": "v\\\n"},
+              "kind": "odd\\kind", "priority": -7},
+             {"payload": 1, "delay": 0.0}, {"payload": 2, "at": datetime.now(UTC)}]
+    assert q.stage_many("job-odd", 0, "odd\\topic", items) == 5
+    assert q.publish_staged("job-odd", [0]) == 5
+    got = {repr(m.payload): m for m in q.peek("odd\\topic", limit=10)}
+    assert set(got) == {repr(b"\x00\t\n\\\r\xff"), repr(items[1]), repr({"k\\": ["\\N", None]}),
+                        "1", "2"}
+    odd = got[repr({"k\\": ["\\N", None]})]
+    assert (odd.kind, odd.headers, odd.priority) == ("odd\\kind", {"h\\": "v\\\n"}, -7)
+
+
 def test_live_snapshot_by_id_range(q: tableq.Queue) -> None:
     ids = [r.id for r in q.send_many("snap", range(10))]
     q.send("other", "x")

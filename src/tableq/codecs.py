@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tableq.errors import PayloadInvalid, PayloadTooLarge, UnknownKind
 from tableq.names import check_kind
@@ -16,8 +16,7 @@ from tableq.names import check_kind
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Encoded:
+class Encoded(NamedTuple):
     """A payload ready for the database: exactly one of json_text / data is set."""
 
     json_text: str | None
@@ -82,6 +81,10 @@ class KindRegistry:
     def names(self) -> list[str]:
         return list(self._codecs)
 
+    def check_known(self, kind: str) -> None:
+        if self.strict and kind not in self._codecs:
+            raise UnknownKind(kind, self.names())
+
     def encode(self, kind: str | None, payload: Any, limit: int) -> Encoded:
         if kind is not None:
             codec = self._codecs.get(kind)
@@ -105,6 +108,33 @@ class KindRegistry:
             raise PayloadInvalid(f"{type(exc).__name__}: {exc}", kind) from exc
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _one_shot_encoder() -> Callable[[Any], str]:
+    """_JSON.encode without its per-call set-up: json.dumps builds a new C encoder for every
+    value, which was most of a bulk load's Python time. The same C encoder, made once (no
+    circular-reference markers: a cycle ends in RecursionError instead of ValueError)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator (e.g. PyPy): the plain path
+        return _JSON.encode
+    try:
+        c_encode = make(None, _JSON.default, json.encoder.encode_basestring, None, ":", ",",
+                        False, False, False)
+    except TypeError:  # a Python whose C encoder takes other arguments
+        return _JSON.encode
+    join = "".join
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return json.encoder.encode_basestring(value)
+        return join(c_encode(value, 0))
+    return encode
+
+
+_encode_json = _one_shot_encoder()
+
+
 def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         data = bytes(payload)
@@ -112,8 +142,8 @@ def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded
             raise PayloadTooLarge(len(data), limit)
         return Encoded(None, data)
     try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        text = _encode_json(payload)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadInvalid(
             f"{exc}; send JSON-serialisable values (dict, list, str, int, float, bool, None) "
             "or bytes, or register a kind whose encoder converts it",
@@ -122,11 +152,14 @@ def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded
     if "\\u0000" in text:
         # PostgreSQL jsonb cannot store NUL; refuse it everywhere so backends agree.
         raise PayloadInvalid("JSON strings must not contain NUL (\\u0000); send bytes", kind)
-    size = len(text.encode("utf-8", "surrogatepass"))
+    if text.isascii():  # the common case: its UTF-8 size is its length
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise PayloadInvalid("strings must be valid Unicode (no lone surrogates)",
+                                 kind) from None
     if size > limit:
         raise PayloadTooLarge(size, limit)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PayloadInvalid("strings must be valid Unicode (no lone surrogates)", kind) from None
     return Encoded(text, None)

@@ -162,17 +162,44 @@ class Queue:
 
     def _new(self, topic: str, payload: Any, *, key: Any, kind: Any, headers: Any,
              priority: Any, delay: Any, at: Any) -> NewMessage:
+        return self._with_payload(self._template(topic, key, kind, headers, priority, delay,
+                                                 at), payload)
+
+    def _template(self, topic: str, key: Any, kind: Any, headers: Any, priority: Any,
+                  delay: Any, at: Any) -> NewMessage:
+        """Everything of a message but its payload, validated."""
         kind = check_kind(kind)
-        encoded = self.kinds.encode(kind, payload, self.max_payload_bytes)
+        if kind is not None:
+            self.kinds.check_known(kind)
         hdrs = check_headers(headers)
         when = _at(at)
         if when is not None and delay is not None:
             raise InvalidArgument("pass either delay= or at=, not both")
         return NewMessage(
-            topic=topic, key=check_key(key), kind=kind, json_text=encoded.json_text,
-            data=encoded.data, headers_json=json.dumps(hdrs) if hdrs else None,
-            priority=_priority(priority), delay_s=seconds("delay", delay, 0.0), at=when,
+            topic=topic, key=check_key(key), kind=kind, json_text=None, data=None,
+            headers_json=json.dumps(hdrs) if hdrs else None, priority=_priority(priority),
+            delay_s=seconds("delay", delay, 0.0), at=when,
         )
+
+    def _with_payload(self, t: NewMessage, payload: Any) -> NewMessage:
+        text, data = self.kinds.encode(t.kind, payload, self.max_payload_bytes)
+        return NewMessage(t.topic, t.key, t.kind, text, data, t.headers_json, t.priority,
+                          t.delay_s, t.at)
+
+    def _items(self, topic: str, items: Iterable[Any], kind: Any, headers: Any,
+               priority: Any, delay: Any, at: Any) -> list[NewMessage]:
+        """Queue items from send_many / stage_many arguments. Bare payloads share the call's
+        defaults, validated once, so each costs only its encoding."""
+        template: NewMessage | None = None
+        out = []
+        for item in items:
+            if (type(item) is dict or isinstance(item, Mapping)) and "payload" in item:
+                out.append(self._item(topic, item, kind, headers, priority, delay, at))
+                continue
+            if template is None:
+                template = self._template(topic, None, kind, headers, priority, delay, at)
+            out.append(self._with_payload(template, item))
+        return out
 
     def _check_send(self, on_duplicate: str, connection: Any) -> None:
         if on_duplicate not in ON_DUPLICATE:
@@ -222,7 +249,7 @@ class Queue:
         at (which override the call's defaults). All are validated before anything is sent."""
         check_topic(topic)
         self._check_send(on_duplicate, connection)
-        rows = [self._item(topic, item, kind, headers, priority, delay, at) for item in items]
+        rows = self._items(topic, items, kind, headers, priority, delay, at)
         if not rows:
             return []
         unique, slots = dedupe_batch(rows, on_duplicate)
@@ -451,7 +478,7 @@ class Queue:
         publish_staged(job, parts) makes the listed parts visible together."""
         check_topic(topic)
         self._check_send(on_duplicate, None)
-        rows = [self._item(topic, item, None, None, 0, None, None) for item in items]
+        rows = self._items(topic, items, None, None, 0, None, None)
         return self.backend.stage(_job(job), int(part), rows) if rows else 0
 
     def publish_staged(self, job: str, parts: Sequence[int], *,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from tableq.errors import DatabaseBusy
 
@@ -25,10 +25,11 @@ RETRY_BASE_S = 0.005
 RETRY_CAP_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class NewMessage:
+class NewMessage(NamedTuple):
     """One message to insert. Exactly one of json_text / data is set. `at` (aware UTC) wins
-    over `delay_s`; both are turned into a due time by the database clock."""
+    over `delay_s`; both are turned into a due time by the database clock. A named tuple:
+    as immutable as a frozen dataclass and several times cheaper to build, which bulk loads
+    do a million times."""
 
     topic: str
     key: str | None

@@ -489,6 +489,9 @@ class MySQLBackend(Backend):
     def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int:
         def run(cur: Any) -> int:
             cur.execute(self.Q.load_job_open, {"job": job})
+            cur.execute(self.Q.load_job_reopen, {"job": job})
+            if self._one(cur, self.Q.load_job_share, {"job": job})["state"] == "committed":  # type: ignore[index]
+                return 0  # a replayed or late task of a finished load: it was published once
             for batch in chunks(rows, BATCH_ROWS):
                 flat: list[Any] = []
                 for m in batch:

@@ -246,6 +246,16 @@ ON DUPLICATE KEY UPDATE job = job;
 -- name: load_job_lock :one
 SELECT state FROM {p}load_job WHERE job = %(job)s FOR UPDATE;
 
+-- name: load_job_reopen :exec
+-- A job id reused after an abort starts afresh.
+UPDATE {p}load_job SET state = 'open', created_at = UTC_TIMESTAMP(6), finished_at = NULL
+WHERE job = %(job)s AND state = 'aborted';
+
+-- name: load_job_share :one
+-- Held by every staging transaction, so a commit (which locks the row exclusively) waits for
+-- the writers in flight, and a writer arriving after the commit sees it and writes nothing.
+SELECT state FROM {p}load_job WHERE job = %(job)s LOCK IN SHARE MODE;
+
 -- name: load_job_state :one
 SELECT state FROM {p}load_job WHERE job = %(job)s;
 

@@ -107,7 +107,8 @@ JOIN unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
 -- LEFT JOIN returns one row even when nothing was leased, to carry the buried count.
 WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
-    WHERE topic = %(topic)s AND available_at <= statement_timestamp() /*filter*/
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp()
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open')) /*filter*/
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -141,7 +142,8 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 -- name: message_take :many
 WITH due AS (
     SELECT id FROM {schema}.message
-    WHERE topic = %(topic)s AND available_at <= statement_timestamp() /*filter*/
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp()
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open')) /*filter*/
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -217,13 +219,17 @@ RETURNING id;
 
 -- name: message_peek :many
 SELECT * FROM {schema}.message WHERE topic = %(topic)s
+  AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
 ORDER BY priority DESC, available_at, id LIMIT %(limit)s;
 
 -- name: message_get :one
-SELECT * FROM {schema}.message WHERE id = %(id)s;
+SELECT * FROM {schema}.message WHERE id = %(id)s
+  AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'));
 
 -- name: message_topics :many
-SELECT topic FROM {schema}.message UNION SELECT topic FROM {schema}.dead ORDER BY 1;
+SELECT topic FROM {schema}.message
+  WHERE (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+UNION SELECT topic FROM {schema}.dead ORDER BY 1;
 
 -- name: message_stats :many
 SELECT topic,
@@ -234,6 +240,7 @@ SELECT topic,
            AS oldest_ready_age
 FROM {schema}.message, (SELECT statement_timestamp() AS now) t
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
 GROUP BY topic, t.now;
 
 -- name: dead_stats :many
@@ -245,7 +252,8 @@ SELECT topic, count(*) AS done FROM {schema}.done
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s) GROUP BY topic;
 
 -- name: message_purge :exec
-DELETE FROM {schema}.message WHERE topic = %(topic)s;
+DELETE FROM {schema}.message WHERE topic = %(topic)s
+  AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'));
 
 -- name: dead_list :many
 SELECT * FROM {schema}.dead WHERE topic = %(topic)s ORDER BY id LIMIT %(limit)s;
@@ -298,6 +306,55 @@ COPY {schema}.stage (job, part, topic, key, kind, payload, payload_bytes, header
 -- name: load_job_open :exec
 INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', statement_timestamp())
 ON CONFLICT (job) DO NOTHING;
+
+-- name: load_job_reopen :exec
+-- A job id reused after an abort starts afresh.
+UPDATE {schema}.load_job SET state = 'open', created_at = statement_timestamp(), finished_at = NULL
+WHERE job = %(job)s AND state = 'aborted';
+
+-- name: load_job_share :one
+-- Held by every staging transaction, so a commit (which takes the row exclusively) waits for
+-- the writers in flight, and a writer arriving after the commit sees it and writes nothing.
+SELECT state FROM {schema}.load_job WHERE job = %(job)s FOR SHARE;
+
+-- name: load_part_open :one
+INSERT INTO {schema}.load_part (job, part, topic, state, rows)
+VALUES (%(job)s, %(part)s, %(topic)s, 'open', %(rows)s)
+ON CONFLICT (job, part, topic) DO UPDATE
+SET rows = CASE WHEN load_part.state = 'open' THEN load_part.rows ELSE 0 END + EXCLUDED.rows,
+    state = 'open'
+RETURNING id;
+
+-- name: message_copy :copy
+-- Loaded rows due now: available_at and first_available_at default to the server's time.
+COPY {schema}.message (topic, kind, payload, payload_bytes, headers, priority, load_part)
+FROM STDIN;
+
+-- name: message_copy_due :copy
+COPY {schema}.message (topic, kind, payload, payload_bytes, headers, priority, load_part,
+                       available_at, first_available_at) FROM STDIN;
+
+-- name: load_part_rows :one
+SELECT COALESCE(sum(rows), 0) AS n FROM {schema}.load_part
+WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[]) AND state = 'open';
+
+-- name: load_part_publish :many
+-- The O(parts) commit of directly loaded rows: their parts stop being open.
+UPDATE {schema}.load_part SET state = 'published'
+WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[]) AND state = 'open'
+RETURNING topic, rows;
+
+-- name: load_part_drop :exec
+-- Every other open part of the job: failed or duplicate task attempts, or an aborted load.
+WITH dropped AS (
+    UPDATE {schema}.load_part SET state = 'dropped' WHERE job = %(job)s AND state = 'open'
+    RETURNING id
+)
+DELETE FROM {schema}.message WHERE load_part IN (SELECT id FROM dropped);
+
+-- name: load_notify :exec
+SELECT pg_notify(%(channel)s, json_build_object('topic', t.topic, 'n', t.n)::text)
+FROM unnest(%(topics)s::text[], %(counts)s::bigint[]) AS t(topic, n);
 
 -- name: load_job_lock :one
 -- Takes the job's row lock, so two commits of one job run one after the other.
@@ -356,6 +413,7 @@ WHERE (%(topic)s::text IS NULL OR topic = %(topic)s);
 SELECT * FROM {schema}.message
 WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
   AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s)
+  AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
 ORDER BY id;
 
 -- name: history_bounds_dead :one

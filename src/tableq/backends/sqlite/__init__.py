@@ -389,6 +389,9 @@ class SQLiteBackend(Backend):
     def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int:
         def run(c: sqlite3.Connection) -> int:
             c.execute(self.Q.load_job_open, {"job": job})
+            c.execute(self.Q.load_job_reopen, {"job": job})
+            if c.execute(self.Q.load_job_state, {"job": job}).fetchone()[0] == "committed":
+                return 0  # a replayed or late task of a finished load: it was published once
             c.executemany(self.Q.stage_insert,
                           [{**self._params(m), "job": job, "part": part} for m in rows])
             return len(rows)

@@ -219,6 +219,12 @@ VALUES (:job, :part, :topic, :key, :kind, :payload, :payload_bytes, :headers, :p
 INSERT OR IGNORE INTO {p}load_job (job, state, created_at)
 VALUES (:job, 'open', (julianday('now') - 2440587.5) * 86400.0);
 
+-- name: load_job_reopen :exec
+-- A job id reused after an abort starts afresh.
+UPDATE {p}load_job SET state = 'open', created_at = (julianday('now') - 2440587.5) * 86400.0,
+    finished_at = NULL
+WHERE job = :job AND state = 'aborted';
+
 -- name: load_job_state :one
 SELECT state FROM {p}load_job WHERE job = :job;
 
