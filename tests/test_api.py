@@ -685,3 +685,19 @@ def test_postgres_transaction_aborted_by_a_caught_error_does_not_pretend_to_comm
                 except psycopg.Error:
                     pass  # the application swallows its own error
         assert q.stats("ab")[0].ready == 1 and q.peek("ab")[0].attempts == 0
+
+
+def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:
+    texts = ['{\n\t"a": [1, 2],\r\n "b\\\\": "x"}', " 7 ", '"s"', "null"]
+    q.send_many("jt", [tableq.JsonText(t) for t in texts])
+    q.stage_many("job-jt", 0, "jt-staged", [tableq.JsonText(t) for t in texts])
+    q.publish_staged("job-jt", [0])
+    want = [{"a": [1, 2], "b\\": "x"}, 7, "s", None]
+    assert [m.payload for m in q.receive("jt", max=10)] == want
+    assert [m.payload for m in q.receive("jt-staged", max=10)] == want
+    for bad in ['{"a": NaN}', '{"a": 1} {"b": 2}', "", "{'a': 1}"]:
+        with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
+            q.send("jt", tableq.JsonText(bad))
+        with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
+            q.stage_many("job-jt2", 0, "jt", [1, tableq.JsonText(bad)])
+    assert q.stats("jt")[0].live == 4  # the refused sends added nothing

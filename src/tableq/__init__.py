@@ -1,5 +1,6 @@
 """tableq: a durable message and job queue in an ordinary SQL table. The public surface only."""
 
+from tableq.codecs import JsonText
 from tableq.connect import connect
 from tableq.errors import (
     ConfigurationError,
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidName",
     "InvalidURL",
+    "JsonText",
     "LeaseLost",
     "LoadIncomplete",
     "Message",

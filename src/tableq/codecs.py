@@ -91,11 +91,23 @@ class KindRegistry:
             if codec is None and self.strict:
                 raise UnknownKind(kind, self.names())
             if codec is not None:
+                if isinstance(payload, (JsonText, EncodedJson)):  # kinds check values
+                    payload = json.loads(payload)
                 try:
                     payload = codec.encode(payload)
                 except Exception as exc:  # a user's validator may raise anything
                     raise PayloadInvalid(f"{type(exc).__name__}: {exc}", kind) from exc
         return encode_payload(payload, limit, kind)
+
+    def encode_many(self, kind: str | None, payloads: list[Any],
+                    limit: int) -> list[tuple[str | None, bytes | None]]:
+        """encode() for a batch of payloads of one kind, in one tight loop when the kind has
+        no codec (what bulk loads send)."""
+        if kind is not None:
+            self.check_known(kind)
+            if kind in self._codecs:
+                return [self.encode(kind, p, limit) for p in payloads]
+        return encode_payloads(payloads, limit, kind)
 
     def decode(self, kind: str | None, payload: Any) -> Any:
         """Raises PayloadInvalid when a registered kind's decoder rejects the payload."""
@@ -135,7 +147,49 @@ def _one_shot_encoder() -> Callable[[Any], str]:
 _encode_json = _one_shot_encoder()
 
 
+class JsonText(str):
+    """A payload that is already JSON text (from Spark's to_json, another service, a file):
+    stored as it is after a syntax check, instead of being parsed and encoded again.
+    q.send("t", JsonText('{"id": 1}')) delivers the payload {"id": 1}."""
+
+    __slots__ = ()
+
+
+class EncodedJson(str):
+    """JSON text made by tableq's own encoders (the Spark sink's column-wise encoder, tested
+    against the general path): valid by construction, so only its size and NUL are checked.
+    Not for text from outside; that is JsonText, which is parsed once."""
+
+    __slots__ = ()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _checked_json_text(text: str, kind: str | None) -> str:
+    """The text itself when it is one JSON value (surrounding whitespace allowed)."""
+    try:
+        try:
+            end = _DECODER.raw_decode(text)[1]  # the C scanner, without json.loads' wrapping
+        except ValueError:
+            _DECODER.decode(text)  # leading whitespace is fine; any other error is reported
+            return str(text)
+        if end != len(text) and not text[end:].isspace():
+            raise ValueError(f"extra data after the JSON value at character {end}")
+    except (ValueError, RecursionError) as exc:
+        raise PayloadInvalid(f"not JSON text ({exc}): {text[:80]!r}", kind) from None
+    return str(text)
+
+
 def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded:
+    if type(payload) is JsonText:
+        return _sized(_checked_json_text(payload, kind), limit, kind)
+    if type(payload) is EncodedJson:
+        return _sized(str(payload), limit, kind)
     if isinstance(payload, (bytes, bytearray, memoryview)):
         data = bytes(payload)
         if len(data) > limit:
@@ -149,6 +203,41 @@ def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded
             "or bytes, or register a kind whose encoder converts it",
             kind,
         ) from None
+    return _sized(text, limit, kind)
+
+
+def encode_payloads(payloads: list[Any], limit: int,
+                    kind: str | None = None) -> list[tuple[str | None, bytes | None]]:
+    """encode_payload for many payloads: the same results and errors, with the common cases
+    (dicts, lists and JsonText of ASCII within the limit) handled inline."""
+    out: list[tuple[str | None, bytes | None]] = []
+    append = out.append
+    for p in payloads:
+        t = type(p)
+        try:
+            if t is dict or t is list:
+                text = _encode_json(p)
+            elif t is EncodedJson:
+                text = str(p)
+            elif t is JsonText:
+                end = _DECODER.raw_decode(p)[1]
+                if end != len(p):
+                    raise ValueError("trailing text")  # the slow path decides
+                text = str(p)
+            else:
+                append(encode_payload(p, limit, kind))
+                continue
+        except (TypeError, ValueError, RecursionError):
+            append(encode_payload(p, limit, kind))  # raises the precise error, or accepts
+            continue
+        if len(text) <= limit and text.isascii() and "\\u0000" not in text:
+            append((text, None))
+        else:
+            append(_sized(text, limit, kind))
+    return out
+
+
+def _sized(text: str, limit: int, kind: str | None) -> Encoded:
     if "\\u0000" in text:
         # PostgreSQL jsonb cannot store NUL; refuse it everywhere so backends agree.
         raise PayloadInvalid("JSON strings must not contain NUL (\\u0000); send bytes", kind)

@@ -10,8 +10,16 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tableq.backends.base import Backend, ClaimSpec, Filter, NewMessage, Row
-from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, KindRegistry
+from tableq.backends.base import (
+    Backend,
+    ClaimSpec,
+    Filter,
+    NewMessage,
+    PayloadBatch,
+    Row,
+    as_rows,
+)
+from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, EncodedJson, JsonText, KindRegistry
 from tableq.errors import DuplicateMessage, InvalidArgument, LeaseLost, PayloadInvalid
 from tableq.message import DeadLetter, Message, SendResult
 from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
@@ -50,6 +58,17 @@ def error_text(error: object) -> str:
     if len(text) > ERROR_MAX_CHARS:
         text = text[: ERROR_MAX_CHARS - 15] + " ...[truncated]"
     return text
+
+
+_BARE = frozenset({str, JsonText, EncodedJson, bytes, int, float, bool, list, type(None)})
+
+
+def _is_item(value: object) -> bool:
+    """True for a send_many item dict ({"payload": ..., ...}), False for a bare payload."""
+    t = type(value)
+    if t is dict:
+        return "payload" in value  # type: ignore[operator]
+    return t not in _BARE and isinstance(value, Mapping) and "payload" in value
 
 
 def _positive_int(what: str, value: object, upper: int | None = None) -> int:
@@ -186,14 +205,19 @@ class Queue:
         return NewMessage(t.topic, t.key, t.kind, text, data, t.headers_json, t.priority,
                           t.delay_s, t.at)
 
-    def _items(self, topic: str, items: Iterable[Any], kind: Any, headers: Any,
-               priority: Any, delay: Any, at: Any) -> list[NewMessage]:
-        """Queue items from send_many / stage_many arguments. Bare payloads share the call's
-        defaults, validated once, so each costs only its encoding."""
+    def _batch(self, topic: str, items: Iterable[Any], kind: Any, headers: Any,
+               priority: Any, delay: Any, at: Any) -> PayloadBatch | list[NewMessage]:
+        """Bare payloads only (what bulk loads send) become one PayloadBatch: the defaults
+        validated once, the payloads encoded in one loop. Item dicts take _item per item."""
+        items = list(items)
+        if not any(map(_is_item, items)):
+            t = self._template(topic, None, kind, headers, priority, delay, at)
+            return PayloadBatch(t, self.kinds.encode_many(t.kind, items,
+                                                          self.max_payload_bytes))
         template: NewMessage | None = None
         out = []
         for item in items:
-            if (type(item) is dict or isinstance(item, Mapping)) and "payload" in item:
+            if _is_item(item):
                 out.append(self._item(topic, item, kind, headers, priority, delay, at))
                 continue
             if template is None:
@@ -249,7 +273,7 @@ class Queue:
         at (which override the call's defaults). All are validated before anything is sent."""
         check_topic(topic)
         self._check_send(on_duplicate, connection)
-        rows = self._items(topic, items, kind, headers, priority, delay, at)
+        rows = as_rows(self._batch(topic, items, kind, headers, priority, delay, at))
         if not rows:
             return []
         unique, slots = dedupe_batch(rows, on_duplicate)
@@ -478,8 +502,8 @@ class Queue:
         publish_staged(job, parts) makes the listed parts visible together."""
         check_topic(topic)
         self._check_send(on_duplicate, None)
-        rows = self._items(topic, items, None, None, 0, None, None)
-        return self.backend.stage(_job(job), int(part), rows) if rows else 0
+        batch = self._batch(topic, items, None, None, 0, None, None)
+        return self.backend.stage(_job(job), int(part), batch) if len(batch) else 0
 
     def publish_staged(self, job: str, parts: Sequence[int], *,
                        on_duplicate: str = "ignore",

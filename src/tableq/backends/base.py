@@ -43,6 +43,28 @@ class NewMessage(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class PayloadBatch:
+    """Messages that differ only in their payload (what bulk loads stage): one validated
+    template and the encoded payloads as (json_text, data) pairs, without a NewMessage per
+    row. rows() gives the NewMessages for backends that want them."""
+
+    template: NewMessage
+    payloads: list[tuple[str | None, bytes | None]]
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def rows(self) -> list[NewMessage]:
+        t = self.template
+        return [NewMessage(t.topic, t.key, t.kind, text, data, t.headers_json, t.priority,
+                           t.delay_s, t.at) for text, data in self.payloads]
+
+
+def as_rows(rows: Sequence[NewMessage] | PayloadBatch) -> Sequence[NewMessage]:
+    return rows.rows() if isinstance(rows, PayloadBatch) else rows
+
+
+@dataclass(frozen=True, slots=True)
 class Filter:
     """A compiled-ready receive filter; values are bound, never spliced."""
 
@@ -181,7 +203,7 @@ class Backend(ABC):
 
     # --- staged bulk loads (the Spark sink): invisible until published, all at once
     @abstractmethod
-    def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int: ...
+    def stage(self, job: str, part: int, rows: Sequence[NewMessage] | PayloadBatch) -> int: ...
     @abstractmethod
     def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
                 expected: int | None = None) -> int | None:

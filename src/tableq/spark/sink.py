@@ -4,7 +4,6 @@ methods; this module maps Spark columns to queue items and Spark's commit protoc
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -13,8 +12,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from json.encoder import encode_basestring
 from typing import Any
 
+import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -42,6 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from tableq.codecs import EncodedJson, JsonText
 from tableq.errors import InvalidArgument
 from tableq.spark._queues import ensure_kinds, queue_for
 from tableq.spark.options import WRITE_COLUMNS, OptionError, WriteOptions
@@ -144,16 +146,52 @@ def _payload_converter(dt: DataType, payload_format: str) -> Callable[[Any], Any
     if isinstance(dt, BinaryType):
         return lambda v: bytes(v) if v is not None else None
     if isinstance(dt, StringType) and payload_format == "json":
-        def parse(v: Any) -> Any:
-            if v is None:
-                return None
-            try:
-                return json.loads(v)
-            except ValueError as exc:
-                raise InvalidArgument(f"payload is not JSON text ({exc}) while "
-                                      f"payloadFormat=json: {v[:80]!r}") from None
-        return parse
+        # Stored as given after a syntax check (Queue refuses text that is not JSON).
+        return lambda v: JsonText(v) if v is not None else None
     return _jsonable(dt)
+
+
+# JSON for Arrow columns of these Spark types is made column by column, without building a
+# dict per row: a bulk load's Python time was mostly dicts and their encoding.
+_TEMPLATE_TYPES = INTEGRAL + (StringType, BooleanType, FloatType, DoubleType)
+
+
+def _column_json(arr: Any, dt: DataType) -> list[Any] | None:
+    """JSON texts (or values %s-formatting turns into JSON) for one Arrow column of a plain
+    type, or None when the column needs the general path (nested lists, maps, NaN, ...)."""
+    if isinstance(dt, StructType):
+        return _struct_json(arr, dt)
+    if not isinstance(dt, _TEMPLATE_TYPES):
+        return None
+    if isinstance(dt, (FloatType, DoubleType)) and (
+            pc.any(pc.invert(pc.is_finite(arr))).as_py()):
+        return None  # NaN and infinities: the general path refuses them with its message
+    values = arr.to_pylist()
+    if isinstance(dt, StringType):
+        return [encode_basestring(v) if v is not None else "null" for v in values]
+    if isinstance(dt, BooleanType):
+        return ["null" if v is None else "true" if v else "false" for v in values]
+    if isinstance(dt, (FloatType, DoubleType)):
+        return [float.__repr__(v) if v is not None else "null" for v in values]
+    return values if arr.null_count == 0 else ["null" if v is None else v for v in values]
+
+
+def _struct_json(arr: Any, dt: StructType) -> list[str] | None:
+    names = [f.name for f in dt.fields]
+    if not names or len(set(names)) != len(names):
+        return None
+    columns = []
+    for i, f in enumerate(dt.fields):
+        col = _column_json(arr.field(i), f.dataType)
+        if col is None:
+            return None
+        columns.append(col)
+    fmt = "{" + ",".join(encode_basestring(n).replace("%", "%%") + ":%s" for n in names) + "}"
+    texts = [fmt % row for row in zip(*columns, strict=True)]
+    if arr.null_count:  # a null struct is JSON null, whatever its children hold
+        valid = arr.is_valid().to_pylist()
+        texts = [t if ok else "null" for t, ok in zip(texts, valid, strict=True)]
+    return texts
 
 
 def _headers(v: Any) -> dict[str, str] | None:
@@ -182,30 +220,39 @@ class RowMapper:
         self.plan, self.opts = plan, opts
         self.columns = {name for name, _ in plan}
 
-    def items(self, batch: Any) -> dict[str, list[dict[str, Any]]]:
+    def payloads(self, batch: Any) -> list[Any]:
+        """The payload column as values stage_many takes: JSON text built column-wise for
+        structs of plain fields, converted values otherwise."""
+        dt = dict(self.plan)["payload"]
+        arr = batch.column("payload")
+        if isinstance(dt, StructType):
+            texts = _struct_json(arr, dt)
+            if texts is not None:
+                return [EncodedJson(t) for t in texts]
+        values = arr.to_pylist()
+        if not _plain(dt) or (isinstance(dt, StringType) and self.opts.payload_format == "json"):
+            convert = _payload_converter(dt, self.opts.payload_format)
+            values = [convert(v) for v in values]
+        return values
+
+    def items(self, batch: Any) -> dict[str, list[Any]]:
         types = dict(self.plan)
-        cols = {name: batch.column(name).to_pylist() for name in types}
-        n = batch.num_rows
-        payload = _payload_converter(types["payload"], self.opts.payload_format)
-        out: dict[str, list[dict[str, Any]]] = {}
-        if set(cols) == {"payload"} and self.opts.topic is not None:
-            values = cols["payload"]
-            dt = types["payload"]
-            if not _plain(dt) or (isinstance(dt, StringType)
-                                  and self.opts.payload_format == "json"):
-                values = [payload(v) for v in values]
+        payloads = self.payloads(batch)
+        if set(types) == {"payload"} and self.opts.topic is not None:
             # A bare value is a payload for stage_many, unless it is a dict with a "payload"
             # field (then it must be wrapped to stay the payload).
-            out[self.opts.topic] = [{"payload": v} if isinstance(v, dict) and "payload" in v
-                                    else v for v in values]
-            return out
+            return {self.opts.topic: [{"payload": v} if isinstance(v, dict) and "payload" in v
+                                      else v for v in payloads]}
+        cols = {name: batch.column(name).to_pylist() for name in types if name != "payload"}
+        n = batch.num_rows
+        out: dict[str, list[Any]] = {}
         topics = cols.get("topic")
         raw = cols.get("payload_bytes")
         for i in range(n):
             if raw is not None and raw[i] is not None:
                 item: dict[str, Any] = {"payload": bytes(raw[i])}
             else:
-                item = {"payload": payload(cols["payload"][i])}
+                item = {"payload": payloads[i]}
             if "key" in cols:
                 item["key"] = cols["key"][i]
             if "kind" in cols and cols["kind"][i] is not None:

@@ -24,8 +24,10 @@ from tableq.backends.base import (
     ClaimSpec,
     Filter,
     NewMessage,
+    PayloadBatch,
     Row,
     TransientError,
+    as_rows,
     chunks,
     dead_row_values,
     merge_stats,
@@ -486,7 +488,10 @@ class MySQLBackend(Backend):
 
     # --- staged loads (Spark sink) ------------------------------------------------------------
 
-    def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int:
+    def stage(self, job: str, part: int,
+              batch: Sequence[NewMessage] | PayloadBatch) -> int:
+        rows = as_rows(batch)
+
         def run(cur: Any) -> int:
             cur.execute(self.Q.load_job_open, {"job": job})
             cur.execute(self.Q.load_job_reopen, {"job": job})

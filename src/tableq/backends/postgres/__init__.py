@@ -23,7 +23,9 @@ from tableq.backends.base import (
     ClaimSpec,
     Filter,
     NewMessage,
+    PayloadBatch,
     Row,
+    as_rows,
     chunks,
     dead_row_values,
     merge_stats,
@@ -122,18 +124,16 @@ def _copy_field(value: str | None) -> str:
     return value
 
 
-def copy_text(topic: str, load_part: int, rows: Sequence[NewMessage]) -> str:
-    """Rows for message_copy as one block of COPY text, built in bulk: psycopg's write_row
-    per row cost as much client time as all of the payload encoding."""
-    head = _copy_field(topic) + "\t"
-    tail = f"\t{load_part}\n"
+def copy_text(load_part: int, t: NewMessage,
+              payloads: Sequence[tuple[str | None, bytes | None]]) -> str:
+    """message_copy rows for payloads sharing the template t, as one block of COPY text:
+    psycopg's write_row per row cost as much client time as encoding the payloads."""
+    head = f"{_copy_field(t.topic)}\t{_copy_field(t.kind)}\t"
+    tail = f"\t{_copy_field(t.headers_json)}\t{t.priority}\t{load_part}\n"
     field = _copy_field
-    return "".join([
-        head + field(m.kind) + "\t"
-        + (field(m.json_text) + "\t\\N" if m.data is None
-           else "\\N\t\\\\x" + m.data.hex())
-        + "\t" + field(m.headers_json) + "\t" + str(m.priority) + tail
-        for m in rows])
+    return "".join([head + (field(text) + "\t\\N" if data is None
+                            else "\\N\t\\\\x" + data.hex()) + tail
+                    for text, data in payloads])
 
 
 class PostgresBackend(Backend):
@@ -441,18 +441,24 @@ class PostgresBackend(Backend):
 
     # --- staged loads (Spark sink) ------------------------------------------------------------
 
-    def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int:
+    def stage(self, job: str, part: int, batch: Sequence[NewMessage] | PayloadBatch) -> int:
         """Unkeyed rows are copied straight into the message table under an open load part
         (invisible to every reader until publish flips the part); keyed rows go to the stage
         table, where publish arbitrates their keys against the live ones."""
-        keyed = [m for m in rows if m.key is not None]
-        direct: dict[str, list[NewMessage]] = {}
-        for m in rows:
-            if m.key is None:
-                direct.setdefault(m.topic, []).append(m)
+        direct: dict[str, list[NewMessage] | PayloadBatch] = {}
+        keyed: Sequence[NewMessage] = []
+        if isinstance(batch, PayloadBatch) and batch.template.key is None:
+            direct[batch.template.topic] = batch
+        else:
+            rows = as_rows(batch)
+            keyed = [m for m in rows if m.key is not None]
+            for m in rows:
+                if m.key is None:
+                    direct.setdefault(m.topic, []).append(m)  # type: ignore[union-attr]
 
         def run(cur: psycopg.Cursor[Any]) -> int:
             p = {"job": job}
+            cur.execute(self.Q.stage_async_commit)
             cur.execute(self.Q.load_job_open, p)
             cur.execute(self.Q.load_job_reopen, p)
             if cur.execute(self.Q.load_job_share, p).fetchone()["state"] == "committed":
@@ -464,20 +470,29 @@ class PostgresBackend(Backend):
                                         m.headers_json, m.priority, float(m.delay_s), m.at))
             for topic, msgs in direct.items():
                 self._copy_direct(cur, job, part, topic, msgs)
-            return len(rows)
+            return len(batch)
         return self._run(run, tx=True)
 
     def _copy_direct(self, cur: psycopg.Cursor[Any], job: str, part: int, topic: str,
-                     msgs: list[NewMessage]) -> None:
+                     msgs: list[NewMessage] | PayloadBatch) -> None:
         load_part = cur.execute(self.Q.load_part_open, {"job": job, "part": part,
                                                         "topic": topic, "rows": len(msgs)}
                                 ).fetchone()["id"]
+        if isinstance(msgs, PayloadBatch):
+            t = msgs.template
+            if t.at is None and not t.delay_s:  # the bulk case: COPY text built per chunk
+                with cur.copy(self.Q.message_copy) as copy:
+                    for chunk in chunks(msgs.payloads, 5000):
+                        copy.write(copy_text(load_part, t, chunk))
+                return
+            msgs = msgs.rows()
         due_now = [m for m in msgs if m.at is None and not m.delay_s]
         later = [m for m in msgs if m.at is not None or m.delay_s]
         if due_now:
             with cur.copy(self.Q.message_copy) as copy:  # COPY: the fastest way in
-                for chunk in chunks(due_now, 5000):
-                    copy.write(copy_text(topic, load_part, chunk))
+                for m in due_now:
+                    copy.write_row((topic, m.kind, m.json_text, m.data, m.headers_json,
+                                    m.priority, load_part))
         if later:
             # Delays count from the server's clock now, as a send's would.
             now = cur.execute(self.Q.clock_now).fetchone()["now"]

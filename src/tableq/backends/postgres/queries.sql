@@ -303,6 +303,13 @@ WHERE topic = %(topic)s AND lease = %(lease)s;
 COPY {schema}.stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
                      delay_s, at) FROM STDIN;
 
+-- name: stage_async_commit :exec
+-- Staging commits need not wait for the disk: staged rows stay invisible until a publish,
+-- whose own (synchronous) commit flushes all earlier WAL; a crash in between loses rows and
+-- their ledger counts together, which publish's expected-rows check turns into
+-- LoadIncomplete.
+SET LOCAL synchronous_commit = off;
+
 -- name: load_job_open :exec
 INSERT INTO {schema}.load_job (job, state, created_at) VALUES (%(job)s, 'open', statement_timestamp())
 ON CONFLICT (job) DO NOTHING;

@@ -19,7 +19,9 @@ from tableq.backends.base import (
     ClaimSpec,
     Filter,
     NewMessage,
+    PayloadBatch,
     Row,
+    as_rows,
     chunks,
     dead_row_values,
     merge_stats,
@@ -386,7 +388,10 @@ class SQLiteBackend(Backend):
 
     # --- staged loads (Spark sink) ------------------------------------------------------------
 
-    def stage(self, job: str, part: int, rows: Sequence[NewMessage]) -> int:
+    def stage(self, job: str, part: int,
+              batch: Sequence[NewMessage] | PayloadBatch) -> int:
+        rows = as_rows(batch)
+
         def run(c: sqlite3.Connection) -> int:
             c.execute(self.Q.load_job_open, {"job": job})
             c.execute(self.Q.load_job_reopen, {"job": job})
