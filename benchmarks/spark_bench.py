@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -43,6 +44,7 @@ def main() -> None:
     ap.add_argument("--stream-rows", type=int, default=200_000)
     ap.add_argument("--max-rows", type=int, default=50_000, help="stream micro-batch size")
     ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="batch write rounds (medians)")
     ap.add_argument("--master", default="local[2]")
     args = ap.parse_args()
     conf = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "2"}
@@ -67,20 +69,19 @@ def main() -> None:
     frame(1000).write.format("tableq").option("url", warm).option("topic", "w") \
         .mode("append").save()
 
-    tq_url = _fresh(args.url, "tq")
-    q = tableq.connect(tq_url, migrate=True)
-    t = time.perf_counter()
-    frame(n).write.format("tableq").option("url", tq_url).option("topic", "bench") \
-        .mode("append").save()
-    took = time.perf_counter() - t
-    assert q.stats("bench")[0].ready == n, q.stats("bench")
-    results.append(("batch write: tableq writer (COPY to stage + publish, exactly once)",
-                    n, took))
+    def tableq_write(url: str) -> float:
+        q = tableq.connect(url, migrate=True)
+        t = time.perf_counter()
+        frame(n).write.format("tableq").option("url", url).option("topic", "bench") \
+            .mode("append").save()
+        took = time.perf_counter() - t
+        assert q.stats("bench")[0].ready == n, q.stats("bench")
+        q.close()
+        return took
 
-    if have_jar:
-        jdbc_url = _fresh(args.url, "jdbc")
-        qj = tableq.connect(jdbc_url, migrate=True)
-        schema = tableq.url.parse_url(jdbc_url).namespace
+    def jdbc_write(url: str) -> float:
+        q = tableq.connect(url, migrate=True)  # the same table, indexes and trigger
+        schema = tableq.url.parse_url(url).namespace
         jdbc, user, password = _jdbc_url(args.url)
         df = frame(n).select(
             F.lit("bench").alias("topic"), F.to_json("payload").alias("payload"),
@@ -91,12 +92,33 @@ def main() -> None:
          .option("dbtable", f"{schema}.message").option("user", user)
          .option("password", password).option("batchsize", "10000").mode("append").save())
         took = time.perf_counter() - t
-        assert qj.stats("bench")[0].ready == n, qj.stats("bench")
-        results.append(("batch write: Spark JDBC writer into the same table (per-task "
-                        "commits, not exactly once)", n, took))
-        qj.close()
-    else:
+        assert q.stats("bench")[0].ready == n, q.stats("bench")
+        q.close()
+        return took
+
+    # Rounds alternate which writer goes first; each writes into a fresh schema.
+    schemas = [warm]
+    times: dict[str, list[float]] = {"tableq": [], "jdbc": []}
+    writers = {"tableq": tableq_write, "jdbc": jdbc_write}
+    if not have_jar:
         print(f"(no {JAR}: JDBC comparison skipped)", file=sys.stderr)
+        del writers["jdbc"]
+    for r in range(args.rounds):
+        order = list(writers) if r % 2 == 0 else list(reversed(writers))
+        for name in order:
+            url = _fresh(args.url, name)
+            schemas.append(url)
+            times[name].append(writers[name](url))
+            if name == "tableq":
+                tq_url = url  # the streams below reuse this schema
+            print(f"round {r + 1}: {name} {times[name][-1]:.1f} s", file=sys.stderr)
+    q = tableq.connect(tq_url)
+    results.append(("batch write: tableq writer (COPY, exactly once; median of "
+                    f"{args.rounds})", n, statistics.median(times["tableq"])))
+    if times["jdbc"]:
+        results.append(("batch write: Spark JDBC writer into the same table (per-task "
+                        f"commits, not exactly once; median of {args.rounds})", n,
+                        statistics.median(times["jdbc"])))
 
     m = args.stream_rows
     ck = tempfile.mkdtemp(prefix="tableq-bench-ck-")
@@ -129,12 +151,18 @@ def main() -> None:
     finally:
         shutil.rmtree(ck, ignore_errors=True)
     q.close()
-    _drop_schemas(args.url, [warm, tq_url] + ([jdbc_url] if have_jar else []))
+    _drop_schemas(args.url, schemas)
     print(f"\nPostgreSQL, {args.master}, {parts} partitions, pyspark {spark.version}\n")
     print("| path | rows | seconds | rows/s |")
     print("|---|---:|---:|---:|")
     for name, rows, secs in results:
         print(f"| {name} | {rows:,} | {secs:.1f} | {rows / secs:,.0f} |")
+    if times["jdbc"]:
+        ratios = [j / t for t, j in zip(times["tableq"], times["jdbc"], strict=True)]
+        print(f"\nper round (s): tableq {', '.join(f'{x:.1f}' for x in times['tableq'])}; "
+              f"jdbc {', '.join(f'{x:.1f}' for x in times['jdbc'])}; tableq speed / JDBC "
+              f"speed per round {', '.join(f'{x:.2f}' for x in ratios)}, median "
+              f"{statistics.median(ratios):.2f}")
     spark.stop()
 
 

@@ -573,6 +573,19 @@ def test_group_lease_batch(q: tableq.Queue) -> None:
     assert q.ack_lease("g", "epoch-1:1") == 3
     assert q.ack_lease("g", "epoch-1:1") == 0
     assert q.stats("g")[0].ready == 2
+    # By id range, and split between readers (id mod n = k).
+    got = q.receive_batch("g", "epoch-1:2", max=10, visibility_timeout=60)
+    ids = (min(m.id for m in got), max(m.id for m in got))
+    halves = [q.leased_messages("g", "epoch-1:2", ids=ids, share=(k, 2)) for k in (0, 1)]
+    assert sorted(m.id for h in halves for m in h) == sorted(m.id for m in got)
+    assert all(m.id % 2 == k for k, h in enumerate(halves) for m in h)
+    assert q.leased_messages("g", "epoch-1:2", ids=(ids[1] + 1, ids[1] + 9)) == []
+    assert q.extend_lease("g", "epoch-1:2", 120, ids=ids) == 2
+    assert q.ack_lease("g", "epoch-1:2", ids=(ids[0], ids[0])) == 1
+    assert q.ack_lease("g", "epoch-1:2") == 1
+    for bad in [{"share": (2, 2)}, {"share": (0, 0)}, {"ids": (5, 1)}]:
+        with pytest.raises(InvalidArgument):
+            q.leased_messages("g", "epoch-1:2", **bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)

@@ -14,6 +14,7 @@ from tableq.backends.base import (
     Backend,
     ClaimSpec,
     Filter,
+    GroupLease,
     NewMessage,
     PayloadBatch,
     Row,
@@ -69,6 +70,21 @@ def _is_item(value: object) -> bool:
     if t is dict:
         return "payload" in value  # type: ignore[operator]
     return t not in _BARE and isinstance(value, Mapping) and "payload" in value
+
+
+def _group(topic: str, lease: str, ids: tuple[int, int] | None,
+           share: tuple[int, int] = (0, 1)) -> GroupLease:
+    check_topic(topic)
+    k, n = share
+    if isinstance(n, bool) or not isinstance(n, int) or not isinstance(k, int) \
+            or n < 1 or not 0 <= k < n:
+        raise InvalidArgument(f"share must be (k, n) with 0 <= k < n, not {share!r}")
+    if ids is None:
+        return GroupLease(topic, _job(lease), k=k, n=n)
+    lo, hi = ids
+    if not isinstance(lo, int) or not isinstance(hi, int) or lo > hi:
+        raise InvalidArgument(f"ids must be (lowest id, highest id), not {ids!r}")
+    return GroupLease(topic, _job(lease), lo, hi, k, n)
 
 
 def _positive_int(what: str, value: object, upper: int | None = None) -> int:
@@ -539,16 +555,21 @@ class Queue:
         spec = self._spec(topic, max, visibility_timeout, None, max_attempts, _job(lease))
         return self._claim(spec, None, None)
 
-    def leased_messages(self, topic: str, lease: str) -> list[Message]:
-        check_topic(topic)
-        return [self._message(r) for r in self.backend.lease_rows(topic, _job(lease))]
+    def leased_messages(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None,
+                        share: tuple[int, int] = (0, 1)) -> list[Message]:
+        """The messages held under a group lease. `ids` (lowest, highest id leased, e.g. from
+        receive_batch's result) makes it a primary-key range lookup instead of a scan of the
+        topic; share=(k, n) returns one of n readers' part: the ids with id mod n = k."""
+        return [self._message(r) for r in self.backend.lease_rows(_group(topic, lease, ids,
+                                                                         share))]
 
-    def ack_lease(self, topic: str, lease: str) -> int:
+    def ack_lease(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None) -> int:
         """Acks every message still held under the group lease; returns how many."""
-        return self.backend.lease_ack(check_topic(topic), _job(lease), self.retention)
+        return self.backend.lease_ack(_group(topic, lease, ids), self.retention)
 
-    def extend_lease(self, topic: str, lease: str, extend: float | timedelta) -> int:
-        return self.backend.lease_extend(check_topic(topic), _job(lease),
+    def extend_lease(self, topic: str, lease: str, extend: float | timedelta, *,
+                     ids: tuple[int, int] | None = None) -> int:
+        return self.backend.lease_extend(_group(topic, lease, ids),
                                          seconds("extend", extend, self.visibility_timeout_s))
 
     def history_bounds(self, source: str, topic: str | None = None) -> tuple[int, int] | None:

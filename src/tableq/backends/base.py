@@ -65,6 +65,24 @@ def as_rows(rows: Sequence[NewMessage] | PayloadBatch) -> Sequence[NewMessage]:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupLease:
+    """The messages held under one group lease token. lo..hi, when the holder knows the
+    ids it leased, lets the database find them by primary key instead of scanning the topic;
+    k of n selects one reader's share (id mod n = k)."""
+
+    topic: str
+    lease: str
+    lo: int = -(2**63)
+    hi: int = 2**63 - 1
+    k: int = 0
+    n: int = 1
+
+    def params(self) -> dict[str, Any]:
+        return {"topic": self.topic, "lease": self.lease, "lo": self.lo, "hi": self.hi,
+                "k": self.k, "n": self.n}
+
+
+@dataclass(frozen=True, slots=True)
 class Filter:
     """A compiled-ready receive filter; values are bound, never spliced."""
 
@@ -195,11 +213,11 @@ class Backend(ABC):
 
     # --- leases held by one consumer under one token (the Spark streaming source)
     @abstractmethod
-    def lease_rows(self, topic: str, lease: str) -> list[Row]: ...
+    def lease_rows(self, group: GroupLease) -> list[Row]: ...
     @abstractmethod
-    def lease_ack(self, topic: str, lease: str, retain: bool) -> int: ...
+    def lease_ack(self, group: GroupLease, retain: bool) -> int: ...
     @abstractmethod
-    def lease_extend(self, topic: str, lease: str, extend_s: float) -> int: ...
+    def lease_extend(self, group: GroupLease, extend_s: float) -> int: ...
 
     # --- staged bulk loads (the Spark sink): invisible until published, all at once
     @abstractmethod

@@ -215,15 +215,23 @@ class LeasePart(InputPartition):
     k: int
     n: int
     lease_seconds: float
+    ids: tuple[int, int] | None = None
 
 
 def _seq(offset: dict[str, Any]) -> int:
     return int(offset["seq"])
 
 
+def _ids(offset: dict[str, Any]) -> tuple[int, int] | None:
+    """The id range of the offset's batch (absent in offsets written before it was kept)."""
+    return (int(offset["lo"]), int(offset["hi"])) if "lo" in offset else None
+
+
 class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are {"epoch", "seq"}: micro-batch `seq` is the set of messages leased under the
-    token "<epoch>:<seq>". The epoch is chosen once and then carried by the checkpoint.
+    """Offsets are {"epoch", "seq", "lo", "hi"}: micro-batch `seq` is the set of messages
+    leased under the token "<epoch>:<seq>", whose ids lie in lo..hi (so reading, extending and
+    acking the batch are primary-key range lookups). The epoch is chosen once and then
+    carried by the checkpoint.
 
     latestOffset(start) runs on the driver only after batch `start` is durably committed by
     Spark, so it first acknowledges every lease <= start (Spark's own commit(end) for a batch
@@ -254,7 +262,8 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._budget = s.ready
         log.info("tableq.available_now topic=%s budget=%d", self.opts.topic, s.ready)
 
-    def _ack_through(self, epoch: str, seq: int) -> None:
+    def _ack_through(self, epoch: str, seq: int, ids: tuple[int, int] | None) -> None:
+        """Acks the batches through `seq`; `ids` is the id range of batch `seq` itself."""
         q = self._q()
         if self._acked is not None and self._acked[0] == epoch:
             first = self._acked[1] + 1
@@ -262,7 +271,8 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first = max(1, seq - ACK_WINDOW_ON_START)
         acked = 0
         for s in range(first, seq + 1):
-            acked += q.ack_lease(self.opts.topic, f"{epoch}:{s}")
+            acked += q.ack_lease(self.opts.topic, f"{epoch}:{s}",
+                                 ids=ids if s == seq else None)
         if acked:
             log.debug("tableq.stream_acked topic=%s through=%s:%d messages=%d",
                       self.opts.topic, epoch, seq, acked)
@@ -271,58 +281,61 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         epoch, seq = start["epoch"], _seq(start)
-        self._ack_through(epoch, seq)
+        self._ack_through(epoch, seq, _ids(start))
         want = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_rows
         token = f"{epoch}:{seq + 1}"
         q = self._q()
-        held = 0
+        held: list[int] = []  # ids
         if self._first_claim:
             # A previous driver may have leased this batch and died before Spark logged its
             # offset: those messages are already ours under the same token, so keep them.
             self._first_claim = False
-            held = len(q.leased_messages(self.opts.topic, token))
+            held = [m.id for m in q.leased_messages(self.opts.topic, token)]
             if held:
                 q.extend_lease(self.opts.topic, token, self.opts.lease_seconds)
-                log.info("tableq.stream_orphans_reclaimed lease=%s messages=%d", token, held)
+                log.info("tableq.stream_orphans_reclaimed lease=%s messages=%d", token,
+                         len(held))
         # AvailableNow: at most the messages that were ready when the run started.
-        room = max(0, want - held)
+        room = max(0, want - len(held))
         if self._budget is not None:
             room = min(room, self._budget)
-        claimed = 0
-        while claimed < room:
-            n = len(q.receive_batch(self.opts.topic, token,
-                                    max=min(CLAIM_CHUNK, room - claimed),
-                                    visibility_timeout=self.opts.lease_seconds,
-                                    max_attempts=self.opts.max_attempts))
-            claimed += n
-            if n == 0:
+        claimed: list[int] = []
+        while len(claimed) < room:
+            ids = [m.id for m in q.receive_batch(self.opts.topic, token,
+                                                 max=min(CLAIM_CHUNK, room - len(claimed)),
+                                                 visibility_timeout=self.opts.lease_seconds,
+                                                 max_attempts=self.opts.max_attempts)]
+            claimed += ids
+            if not ids:
                 break
         if self._budget is not None:
-            self._budget -= claimed
+            self._budget -= len(claimed)
         got = held + claimed
         if got and self.opts.fault == f"exit-after-claim:{seq + 1}":
             os._exit(3)  # as if the driver died here: leased in the database, not in the log
-        if got == 0:
+        if not got:
             return start
-        return {"epoch": epoch, "seq": seq + 1}
+        return {"epoch": epoch, "seq": seq + 1, "lo": min(got), "hi": max(got)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         hi = _seq(end)
         lo = _seq(start) if start.get("epoch") == end.get("epoch") else hi - 1
         return [LeasePart(self.opts.url, self.opts.topic, f"{end['epoch']}:{s}", k,
-                          self.opts.num_partitions, self.opts.lease_seconds)
+                          self.opts.num_partitions, self.opts.lease_seconds,
+                          _ids(end) if s == hi else None)
                 for s in range(lo + 1, hi + 1) for k in range(self.opts.num_partitions)]
 
     def read(self, partition: LeasePart) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
         q = queue_for(partition.url)
         if partition.k == 0:  # a replay may come late: keep the batch's messages ours
-            q.extend_lease(partition.topic, partition.lease, partition.lease_seconds)
-        msgs = q.leased_messages(partition.topic, partition.lease)
-        yield from arrow_batches((_message_row(m) for m in msgs
-                                  if m.id % partition.n == partition.k), self.schema)
+            q.extend_lease(partition.topic, partition.lease, partition.lease_seconds,
+                           ids=partition.ids)
+        msgs = q.leased_messages(partition.topic, partition.lease, ids=partition.ids,
+                                 share=(partition.k, partition.n))
+        yield from arrow_batches((_message_row(m) for m in msgs), self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
-        self._ack_through(end["epoch"], _seq(end))
+        self._ack_through(end["epoch"], _seq(end), _ids(end))
 
     def stop(self) -> None:
         log.debug("tableq.stream_stopped topic=%s", self.opts.topic)

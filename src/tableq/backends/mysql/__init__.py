@@ -23,6 +23,7 @@ from tableq.backends.base import (
     ClaimResult,
     ClaimSpec,
     Filter,
+    GroupLease,
     NewMessage,
     PayloadBatch,
     Row,
@@ -467,12 +468,12 @@ class MySQLBackend(Backend):
 
     # --- group leases (Spark source) ---------------------------------------------------------
 
-    def lease_rows(self, topic: str, lease: str) -> list[Row]:
-        return self._all(self.Q.lease_rows, {"topic": topic, "lease": lease})
+    def lease_rows(self, group: GroupLease) -> list[Row]:
+        return self._all(self.Q.lease_rows, group.params())
 
-    def lease_ack(self, topic: str, lease: str, retain: bool) -> int:
+    def lease_ack(self, group: GroupLease, retain: bool) -> int:
         def run(cur: Any) -> int:
-            p = {"topic": topic, "lease": lease}
+            p = group.params()
             if not retain:
                 return cur.execute(self.Q.lease_ack, p)  # type: ignore[no-any-return]
             ids = tuple(r["id"] for r in self._all_raw(cur, self.Q.lease_lock, p))
@@ -482,8 +483,8 @@ class MySQLBackend(Backend):
             return len(ids)
         return self._run(run, tx=True)
 
-    def lease_extend(self, topic: str, lease: str, extend_s: float) -> int:
-        p = {"topic": topic, "lease": lease, "extend_us": _us(extend_s)}
+    def lease_extend(self, group: GroupLease, extend_s: float) -> int:
+        p = {**group.params(), "extend_us": _us(extend_s)}
         return self._run(lambda cur: cur.execute(self.Q.lease_extend, p))
 
     # --- staged loads (Spark sink) ------------------------------------------------------------

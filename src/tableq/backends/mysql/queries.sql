@@ -147,7 +147,7 @@ SELECT id, available_at FROM {p}message WHERE id IN %(ids)s;
 SELECT id FROM {p}message WHERE id = %(id)s AND lease = %(lease)s FOR UPDATE;
 
 -- name: lease_lock :many
-SELECT id FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s FOR UPDATE;
+SELECT id FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s FOR UPDATE;
 
 -- name: done_match :many
 -- Acks whose earlier attempt committed (its reply was lost): the archive still has them.
@@ -225,14 +225,17 @@ DELETE FROM {p}dead WHERE id IN %(ids)s;
 DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
 
 -- name: lease_rows :many
-SELECT * FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s ORDER BY priority DESC, id;
+-- A group lease is found by its id range, not by scanning the topic; one of n readers
+-- takes the ids with id mod n = k.
+SELECT * FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s AND MOD(id, %(n)s) = %(k)s
+ORDER BY priority DESC, id;
 
 -- name: lease_ack :exec
-DELETE FROM {p}message WHERE topic = %(topic)s AND lease = %(lease)s;
+DELETE FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
 -- name: lease_extend :exec
 UPDATE {p}message SET available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
-WHERE topic = %(topic)s AND lease = %(lease)s;
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
 -- name: stage_insert :exec
 INSERT INTO {p}stage (job, part, topic, `key`, kind, payload, payload_bytes, headers, priority,

@@ -22,6 +22,7 @@ from tableq.backends.base import (
     ClaimResult,
     ClaimSpec,
     Filter,
+    GroupLease,
     NewMessage,
     PayloadBatch,
     Row,
@@ -428,15 +429,15 @@ class PostgresBackend(Backend):
 
     # --- group leases (Spark source) ---------------------------------------------------------
 
-    def lease_rows(self, topic: str, lease: str) -> list[Row]:
-        return self._all(self.Q.lease_rows, {"topic": topic, "lease": lease})
+    def lease_rows(self, group: GroupLease) -> list[Row]:
+        return self._all(self.Q.lease_rows, group.params())
 
-    def lease_ack(self, topic: str, lease: str, retain: bool) -> int:
+    def lease_ack(self, group: GroupLease, retain: bool) -> int:
         q = self.Q.lease_ack_retain if retain else self.Q.lease_ack
-        return self._run(lambda cur: cur.execute(q, {"topic": topic, "lease": lease}).rowcount)
+        return self._run(lambda cur: cur.execute(q, group.params()).rowcount)
 
-    def lease_extend(self, topic: str, lease: str, extend_s: float) -> int:
-        p = {"topic": topic, "lease": lease, "extend_s": float(extend_s)}
+    def lease_extend(self, group: GroupLease, extend_s: float) -> int:
+        p = {**group.params(), "extend_s": float(extend_s)}
         return self._run(lambda cur: cur.execute(self.Q.lease_extend, p).rowcount)
 
     # --- staged loads (Spark sink) ------------------------------------------------------------

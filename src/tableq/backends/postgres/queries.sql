@@ -279,15 +279,22 @@ DELETE FROM {schema}.dead
 WHERE topic = %(topic)s AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]));
 
 -- name: lease_rows :many
-SELECT * FROM {schema}.message WHERE topic = %(topic)s AND lease = %(lease)s
+-- A group lease is found by its id range (the primary key), not by scanning the topic; one
+-- of n readers takes the ids with id mod n = k.
+SELECT * FROM {schema}.message
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
+  AND mod(id, %(n)s) = %(k)s
 ORDER BY priority DESC, id;
 
 -- name: lease_ack :exec
-DELETE FROM {schema}.message WHERE topic = %(topic)s AND lease = %(lease)s;
+DELETE FROM {schema}.message
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
 -- name: lease_ack_retain :exec
 WITH gone AS (
-    DELETE FROM {schema}.message WHERE topic = %(topic)s AND lease = %(lease)s RETURNING *
+    DELETE FROM {schema}.message
+    WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
+    RETURNING *
 )
 INSERT INTO {schema}.done (id, topic, key, kind, payload, payload_bytes, headers, priority,
                            attempts, created_at, first_available_at, received_at, done_at, lease)
@@ -297,7 +304,7 @@ FROM gone;
 
 -- name: lease_extend :exec
 UPDATE {schema}.message SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
-WHERE topic = %(topic)s AND lease = %(lease)s;
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
 -- name: stage_copy :copy
 COPY {schema}.stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,

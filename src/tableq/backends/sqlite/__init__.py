@@ -18,6 +18,7 @@ from tableq.backends.base import (
     ClaimResult,
     ClaimSpec,
     Filter,
+    GroupLease,
     NewMessage,
     PayloadBatch,
     Row,
@@ -369,21 +370,20 @@ class SQLiteBackend(Backend):
 
     # --- group leases (Spark source) ---------------------------------------------------------
 
-    def lease_rows(self, topic: str, lease: str) -> list[Row]:
-        raw = self._read(
-            lambda c: c.execute(self.Q.lease_rows, {"topic": topic, "lease": lease}).fetchall())
+    def lease_rows(self, group: GroupLease) -> list[Row]:
+        raw = self._read(lambda c: c.execute(self.Q.lease_rows, group.params()).fetchall())
         return [self._row(r) for r in raw]
 
-    def lease_ack(self, topic: str, lease: str, retain: bool) -> int:
+    def lease_ack(self, group: GroupLease, retain: bool) -> int:
         def run(c: sqlite3.Connection) -> int:
-            p = {"topic": topic, "lease": lease}
+            p = group.params()
             if retain:
                 c.execute(self.Q.lease_archive, p)
             return c.execute(self.Q.lease_ack, p).rowcount
         return self._write(run)
 
-    def lease_extend(self, topic: str, lease: str, extend_s: float) -> int:
-        p = {"topic": topic, "lease": lease, "extend_s": extend_s}
+    def lease_extend(self, group: GroupLease, extend_s: float) -> int:
+        p = {**group.params(), "extend_s": extend_s}
         return self._write(lambda c: c.execute(self.Q.lease_extend, p).rowcount)
 
     # --- staged loads (Spark sink) ------------------------------------------------------------

@@ -193,21 +193,24 @@ DELETE FROM {p}dead
 WHERE topic = :topic AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)));
 
 -- name: lease_rows :many
-SELECT * FROM {p}message WHERE topic = :topic AND lease = :lease ORDER BY priority DESC, id;
+-- A group lease is found by its id range, not by scanning the topic; one of n readers
+-- takes the ids with id % n = k.
+SELECT * FROM {p}message WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease AND id % :n = :k
+ORDER BY priority DESC, id;
 
 -- name: lease_archive :exec
 INSERT INTO {p}done (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
 SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
        first_available_at, received_at, (julianday('now') - 2440587.5) * 86400.0, lease
-FROM {p}message WHERE topic = :topic AND lease = :lease;
+FROM {p}message WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease;
 
 -- name: lease_ack :exec
-DELETE FROM {p}message WHERE topic = :topic AND lease = :lease;
+DELETE FROM {p}message WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease;
 
 -- name: lease_extend :exec
 UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
-WHERE topic = :topic AND lease = :lease;
+WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease;
 
 -- name: stage_insert :exec
 INSERT INTO {p}stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
