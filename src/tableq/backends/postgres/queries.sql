@@ -360,11 +360,12 @@ RETURNING topic, rows;
 
 -- name: load_part_drop :exec
 -- Every other open part of the job: failed or duplicate task attempts, or an aborted load.
+-- With none (the usual commit) the join ends before touching message.
 WITH dropped AS (
     UPDATE {schema}.load_part SET state = 'dropped' WHERE job = %(job)s AND state = 'open'
-    RETURNING id
+    RETURNING id, topic
 )
-DELETE FROM {schema}.message WHERE load_part IN (SELECT id FROM dropped);
+DELETE FROM {schema}.message m USING dropped d WHERE m.topic = d.topic AND m.load_part = d.id;
 
 -- name: load_notify :exec
 SELECT pg_notify(%(channel)s, json_build_object('topic', t.topic, 'n', t.n)::text)
