@@ -10,7 +10,7 @@ import pytest
 import tableq
 from tableq.backends._queries import parse_named, split_statements
 from tableq.backends.base import NewMessage
-from tableq.codecs import KindRegistry, encode_payload
+from tableq.codecs import EncodedJson, JsonText, KindRegistry, encode_payload, encode_payloads
 from tableq.errors import DuplicateMessage, InvalidURL, PayloadInvalid, PayloadTooLarge
 from tableq.names import check_topic, check_where
 from tableq.queue import dedupe_batch, seconds
@@ -213,3 +213,30 @@ def test_internal_conflicts_are_tableq_errors_with_advice() -> None:
     err = TransientError("deadlock detected", "postgresql://h/db")
     assert isinstance(err, tableq.DatabaseBusy) and isinstance(err, tableq.TableqError)
     assert "retry" in str(err)
+
+
+BULK_PAYLOADS = [
+    {"a": 1}, [1, "é"], "text", 7, 1.5, None, True, b"\x00raw", {"k": "x" * 60},
+    JsonText('{"a": 1}'), JsonText(" [1, 2] "), EncodedJson('{"n":1}'), {"nul": "\u0000"},
+    {"nan": float("nan")}, {1, 2}, JsonText("{'a': 1}"), JsonText('{"a": 1} x'), "\ud800",
+    {"big": "é" * 40}, EncodedJson('{"s":"' + "y" * 80 + '"}'),
+]
+
+
+@pytest.mark.parametrize("payload", BULK_PAYLOADS, ids=range(len(BULK_PAYLOADS)))
+def test_bulk_encoding_gives_what_one_by_one_encoding_gives(payload: object) -> None:
+    """encode_payloads' inline fast paths must agree with encode_payload: the same text or
+    bytes, or the same error."""
+    def one(p: object) -> object:
+        try:
+            return tuple(encode_payload(p, 64))
+        except tableq.TableqError as exc:
+            return type(exc)
+
+    def bulk(p: object) -> object:
+        try:
+            return tuple(encode_payloads([p], 64)[0])
+        except tableq.TableqError as exc:
+            return type(exc)
+
+    assert bulk(payload) == one(payload)

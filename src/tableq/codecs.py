@@ -22,10 +22,6 @@ class Encoded(NamedTuple):
     json_text: str | None
     data: bytes | None
 
-    @property
-    def size(self) -> int:
-        return len(self.data) if self.data is not None else len(self.json_text or "")
-
 
 @dataclass(frozen=True, slots=True)
 class Codec:
