@@ -583,6 +583,14 @@ def test_group_lease_batch(q: tableq.Queue) -> None:
     assert q.extend_lease("g", "epoch-1:2", 120, ids=ids) == 2
     assert q.ack_lease("g", "epoch-1:2", ids=(ids[0], ids[0])) == 1
     assert q.ack_lease("g", "epoch-1:2") == 1
+    # Leasing by ids only: the same lease, nothing fetched; spent messages are buried.
+    q.send_many("g2", range(4))
+    spent = q.receive("g2", max=1)[0]
+    q.nack(spent, delay=0)
+    ids = q.lease_batch("g2", "epoch-2:1", max=10, visibility_timeout=60, max_attempts=1)
+    assert len(ids) == 3 and spent.id not in ids
+    assert sorted(m.id for m in q.leased_messages("g2", "epoch-2:1")) == sorted(ids)
+    assert [d.id for d in q.dead_letters("g2")] == [spent.id]
     for bad in [{"share": (2, 2)}, {"share": (0, 0)}, {"ids": (5, 1)}]:
         with pytest.raises(InvalidArgument):
             q.leased_messages("g", "epoch-1:2", **bad)  # type: ignore[arg-type]

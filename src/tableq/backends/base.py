@@ -101,6 +101,8 @@ class ClaimSpec:
     # One lease token for the whole batch (the Spark source leases a micro-batch under one
     # token); None gives every message its own random token.
     lease: str | None = None
+    # Rows of only {"id": ...}: for a holder that reads the messages later by their lease.
+    ids_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

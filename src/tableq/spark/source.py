@@ -301,10 +301,9 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             room = min(room, self._budget)
         claimed: list[int] = []
         while len(claimed) < room:
-            ids = [m.id for m in q.receive_batch(self.opts.topic, token,
-                                                 max=min(CLAIM_CHUNK, room - len(claimed)),
-                                                 visibility_timeout=self.opts.lease_seconds,
-                                                 max_attempts=self.opts.max_attempts)]
+            ids = q.lease_batch(self.opts.topic, token, max=min(CLAIM_CHUNK, room - len(claimed)),
+                                visibility_timeout=self.opts.lease_seconds,
+                                max_attempts=self.opts.max_attempts)
             claimed += ids
             if not ids:
                 break

@@ -319,6 +319,8 @@ class MySQLBackend(Backend):
             lease = spec.lease or uuid.uuid4().hex
             cur.execute(self.Q.message_lease, {"ids": tuple(r["id"] for r in live),
                                                "lease": lease, "now": now, "until": until})
+            if spec.ids_only:
+                return ClaimResult([{"id": r["id"]} for r in live], len(spent))
             rows = []
             for r in live:
                 row = self._row(r)

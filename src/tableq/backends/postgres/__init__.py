@@ -336,9 +336,12 @@ class PostgresBackend(Backend):
 
     def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_claim, spec)
+        if spec.ids_only:
+            sql = sql.replace("l.* /*leased*/", "l.id")
         raw = self._run(lambda cur: cur.execute(sql, params).fetchall(), conn)
         buried = int(raw[0]["buried"]) if raw else 0
-        return ClaimResult([self._row(r) for r in raw if r["id"] is not None], buried)
+        shape = (lambda r: {"id": r["id"]}) if spec.ids_only else self._row
+        return ClaimResult([shape(r) for r in raw if r["id"] is not None], buried)
 
     def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, spec)

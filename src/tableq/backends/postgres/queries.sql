@@ -135,7 +135,8 @@ WITH due AS (
     WHERE m.id = due.id AND due.attempts < %(max_attempts)s
     RETURNING m.*, due.priority AS due_priority, due.available_at AS due_at
 )
-SELECT l.*, b.buried
+-- /*leased*/ marks the columns returned: l.id alone when the caller asked for ids only.
+SELECT l.* /*leased*/, b.buried
 FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 

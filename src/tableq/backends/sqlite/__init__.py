@@ -257,6 +257,8 @@ class SQLiteBackend(Backend):
                     "ids": json.dumps(live), "vt": spec.visibility_timeout_s,
                     "lease": spec.lease,
                 }).fetchall()
+                if spec.ids_only:
+                    return ClaimResult([{"id": i} for i in live], len(spent))
                 rows = sorted((self._row(r) for r in raw), key=lambda r: order[r["id"]])
             return ClaimResult(rows, len(spent))
         return self._write(run, conn)
