@@ -205,7 +205,7 @@ def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded
 def encode_payloads(payloads: list[Any], limit: int,
                     kind: str | None = None) -> list[tuple[str | None, bytes | None]]:
     """encode_payload for many payloads: the same results and errors, with the common cases
-    (dicts, lists and JsonText of ASCII within the limit) handled inline."""
+    (dicts, lists, JsonText and EncodedJson of ASCII within the limit) handled inline."""
     out: list[tuple[str | None, bytes | None]] = []
     append = out.append
     for p in payloads:
@@ -216,10 +216,7 @@ def encode_payloads(payloads: list[Any], limit: int,
             elif t is EncodedJson:
                 text = str(p)
             elif t is JsonText:
-                end = _DECODER.raw_decode(p)[1]
-                if end != len(p):
-                    raise ValueError("trailing text")  # the slow path decides
-                text = str(p)
+                text = _checked_json_text(p, kind)  # raises PayloadInvalid itself
             else:
                 append(encode_payload(p, limit, kind))
                 continue
