@@ -31,8 +31,13 @@ class Pool:
         self._max_idle = max_idle
         self._closed = False
         ref = weakref.ref(self)
+
+        def after_fork() -> None:
+            pool = ref()
+            if pool is not None:
+                pool._after_fork()
         # A lock held by another thread at fork time would stay locked forever in the child.
-        os.register_at_fork(after_in_child=lambda: (p := ref()) and p._after_fork())
+        os.register_at_fork(after_in_child=after_fork)
 
     def _after_fork(self) -> None:
         # A forked child must never use its parent's sockets: forget them without closing

@@ -1,5 +1,15 @@
-"""Loads a backend's queries.sql (named queries) and its numbered migrations. The namespace
-placeholder ({schema} or {p}) is filled once at load from a validated identifier."""
+"""Loads a backend's queries.sql (named queries) and its numbered migrations.
+
+Identifiers are filled once at load, never per call: the namespace placeholder ({schema} or
+{p}) from the validated URL, and the few other names a dialect lists (PostgreSQL's LISTEN
+channel, MySQL's collation), from fixed values derived from it.
+
+One mechanism shapes a statement per call: an expansion point, for the two statements whose
+length depends on the call. A query that receives may carry `/*filter*/` where the compiled
+receive filter goes (`Queries.with_filter`: a user's filter has any number of fields, all
+bound), and MySQL's multi-row INSERT carries `/*rows*/` before its VALUES row, repeated once
+per row (`Queries.with_rows`: MySQL has no array parameters, and one statement is what
+gives a batch consecutive ids). Every other difference of shape is a distinct named query."""
 
 from __future__ import annotations
 
@@ -8,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+FILTER, ROWS = "/*filter*/", "/*rows*/"
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*(:\w+)?\s*$", re.MULTILINE)
 
 
@@ -20,6 +31,21 @@ class Queries:
 
     def names(self) -> set[str]:
         return set(self._queries)
+
+    @staticmethod
+    def with_filter(query: str, clause: str) -> str:
+        """The query with a compiled receive filter (" AND ...", or "") at its /*filter*/."""
+        if FILTER not in query:
+            raise ValueError("this query takes no receive filter (it has no /*filter*/)")
+        return query.replace(FILTER, clause)
+
+    @staticmethod
+    def with_rows(query: str, n: int) -> str:
+        """The query with the VALUES row after its /*rows*/ repeated n times."""
+        head, found, row = query.partition(ROWS)
+        if not found:
+            raise ValueError("this query has no /*rows*/ VALUES row to repeat")
+        return head + ", ".join([row.strip()] * n)
 
     def __getattr__(self, name: str) -> str:  # only reached for unknown names
         raise AttributeError(f"no query named {name!r} in this backend's queries.sql")
@@ -41,9 +67,32 @@ def parse_named(text: str) -> dict[str, str]:
     return queries
 
 
-def load_queries(package: str, placeholder: str, value: str) -> Queries:
+# Queries that keep the real clock under a test clock: the migration ledger, and the test
+# clock's own table (which they create and set).
+_REAL_CLOCK_PREFIXES = ("migration_", "test_clock_")
+
+
+def load_queries(package: str, placeholder: str, value: str, *,
+                 clock: tuple[str, str] | None = None,
+                 names: dict[str, str] | None = None) -> Queries:
+    """The backend's named queries with its namespace filled in. `clock` = (the production
+    "now" expression, its replacement) swaps every occurrence once, at load: a backend opened
+    with a test clock reads the time from its test_clock row, and the production text is
+    left exactly as written."""
     text = resources.files(package).joinpath("queries.sql").read_text("utf-8")
-    return Queries({k: v.replace(placeholder, value) for k, v in parse_named(text).items()})
+    queries = parse_named(text)
+    if clock is not None:
+        real, test = clock
+        queries = {k: v if k.startswith(_REAL_CLOCK_PREFIXES) else v.replace(real, test)
+                   for k, v in queries.items()}
+    return Queries({k: _fill(v, {**(names or {}), placeholder: value})
+                    for k, v in queries.items()})
+
+
+def _fill(text: str, names: dict[str, str]) -> str:
+    for placeholder, value in names.items():
+        text = text.replace(placeholder, value)
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +138,14 @@ def split_statements(sql: str) -> list[str]:
     return out
 
 
-def load_migrations(package: str, placeholder: str, value: str) -> list[Migration]:
+def load_migrations(package: str, placeholder: str, value: str, *,
+                    names: dict[str, str] | None = None) -> list[Migration]:
     folder = resources.files(package).joinpath("migrations")
     found = []
     for entry in folder.iterdir():
-        m = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
+        m = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
         if m:
-            sql = entry.read_text("utf-8").replace(placeholder, value)
+            sql = _fill(entry.read_text("utf-8"), {**(names or {}), placeholder: value})
             found.append(Migration(int(m.group(1)), m.group(2), tuple(split_statements(sql))))
     found.sort(key=lambda mig: mig.version)
     return found

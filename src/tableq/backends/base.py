@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -14,7 +15,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-from tableq.errors import DatabaseBusy
+from tableq.errors import (
+    DatabaseBusy,
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidArgument,
+    SchemaNotMigrated,
+    TableqError,
+)
+from tableq.tokens import IdempotencyRecord, NewToken, TokenRecord
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -103,6 +112,21 @@ class ClaimSpec:
     lease: str | None = None
     # Rows of only {"id": ...}: for a holder that reads the messages later by their lease.
     ids_only: bool = False
+    # How many of the leased messages (the first ones, in delivery order) are charged an
+    # attempt now; None charges all. A worker leaves the ones it prefetches uncharged and
+    # charges them (charge()) right before their handlers start. Of those first `charge`,
+    # a message whose charge would be its last allowed attempt is charged only if it is
+    # among the first `charge_last` (None: no such limit). Rows then carry "charged".
+    charge: int | None = None
+    charge_last: int | None = None
+
+    def charges(self, i: int, attempts: int) -> bool:
+        """Whether the i-th leased row (0-based, delivery order), received `attempts` times
+        so far, is charged now."""
+        if self.charge is None:
+            return True
+        last = self.charge if self.charge_last is None else self.charge_last
+        return i < last or (i < self.charge and attempts + 1 < self.max_attempts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +144,32 @@ class TransientError(DatabaseBusy):
         super().__init__(where, reason)
 
 
+class UniqueViolation(DatabaseError):
+    """A unique-index conflict. The backend turns the dedup-index ones into
+    DuplicateMessage; any other one reaches the caller as this DatabaseError."""
+
+
+_retries = 0
+_retries_lock = threading.Lock()
+
+
+def transient_retries() -> int:
+    """How many times this process retried a transient conflict (deadlock, lock-wait timeout,
+    busy database) so far: the evidence that the retry path runs, for tests and metrics."""
+    return _retries
+
+
 def retrying(fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:
     """Runs fn, retrying TransientError with jittered exponential backoff."""
+    global _retries
     for attempt in range(attempts):
         try:
             return fn()
         except TransientError:
             if attempt == attempts - 1:
                 raise
+            with _retries_lock:
+                _retries += 1
             time.sleep(random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt)))
     raise AssertionError("unreachable")
 
@@ -159,6 +201,14 @@ class Backend(ABC):
         the database cannot notify; workers then rely on polling alone."""
         return None
 
+    # --- the test clock (connect(test_clock=True); tests only)
+    test_clock: bool = False
+
+    def advance_clock(self, seconds: float) -> None:
+        """Moves the test clock forward by `seconds` (exactly: it stands still otherwise)."""
+        raise InvalidArgument("advancing the clock needs a queue opened with "
+                              "tableq.connect(url, test_clock=True, migrate=True) (tests only)")
+
     # --- messages
     @abstractmethod
     def insert(
@@ -178,6 +228,11 @@ class Backend(ABC):
         self, msg_id: int, lease: str, delay_s: float, error: str | None, penalty: bool,
         conn: Any = None,
     ) -> bool: ...
+    @abstractmethod
+    def charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+               ) -> dict[int, tuple[int, datetime]]:
+        """Charges one attempt to each delivery still held under (id, lease) and extends its
+        lease to extend_s from now; returns {id: (attempts, new expiry)} for those."""
     @abstractmethod
     def extend(
         self, msg_id: int, lease: str, extend_s: float, progress_json: str | None
@@ -246,6 +301,68 @@ class Backend(ABC):
     ) -> list[Row]: ...
     @abstractmethod
     def history_delete(self, source: str, ids: Sequence[int]) -> int: ...
+
+    # --- migrations as they stand, read without taking the migration lock (readiness)
+    @abstractmethod
+    def applied_migrations(self) -> set[int]:
+        """Versions recorded as applied; SchemaNotMigrated when tableq's tables are missing."""
+    @abstractmethod
+    def known_migrations(self) -> set[int]:
+        """Versions this code ships."""
+
+    # --- access tokens and idempotency records of the HTTP server
+    @abstractmethod
+    def token_insert(self, token: NewToken) -> None: ...
+    @abstractmethod
+    def token_find(self, *, secret_sha256: str | None = None,
+                   access_key: str | None = None) -> TokenRecord | None: ...
+    @abstractmethod
+    def token_list(self) -> list[TokenRecord]: ...
+    @abstractmethod
+    def token_revoke(self, token_id: str) -> bool:
+        """True when the token was active and is now revoked."""
+    @abstractmethod
+    def idempotency_claim(self, token_id: str, key: str, fingerprint: str,
+                          conn: Any) -> IdempotencyRecord | None:
+        """Inside the caller's transaction: takes the key and returns None, or returns the
+        record another request committed under it (waiting for that one's transaction)."""
+    @abstractmethod
+    def idempotency_finish(self, token_id: str, key: str, status: int, response: str,
+                           conn: Any) -> None: ...
+    @abstractmethod
+    def idempotency_expire(self, older_than_s: float) -> int: ...
+
+    # --- health (tableq doctor): plain facts, judged by tableq.doctor
+    @abstractmethod
+    def health_facts(self) -> dict[str, Any]:
+        """Read-only facts by section: "durability" (the server's or file's settings),
+        "transactions" (open ones old enough to hold back cleanup), "cleanup" (dead rows or
+        undo history), "schema" (applied migration versions and the latest this package has).
+        A section that cannot be read (no privilege, say) is {"error": text}."""
+
+
+def gather(sections: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Runs each section's reader; one that fails becomes {"error": ...}, so a missing
+    privilege hides one fact instead of the whole report. An unreachable database is not a
+    fact about one section: that error propagates."""
+    out: dict[str, Any] = {}
+    for name, read in sections.items():
+        try:
+            out[name] = read()
+        except DatabaseUnavailable:
+            raise
+        except TableqError as exc:
+            out[name] = {"error": str(exc).splitlines()[0]}
+    return out
+
+
+def applied_versions(read: Callable[[], list[int]]) -> list[int]:
+    """The migration versions recorded in the database; none when tableq's tables (or
+    schema) do not exist yet."""
+    try:
+        return sorted(read())
+    except SchemaNotMigrated:
+        return []
 
 
 def dead_row_values(row: Row, to_db_time: Callable[[datetime | None], Any]) -> dict[str, Any]:
@@ -328,3 +445,27 @@ def merge_stats(live: dict[str, Row], dead: dict[str, int], done: dict[str, int]
             ),
         })
     return out
+
+
+def token_record(raw: Any, to_time: Callable[[Any], datetime],
+                 load_json: Callable[[Any], Any]) -> TokenRecord:
+    """A driver row of the token table as a TokenRecord."""
+    raw = dict(raw)
+
+    def at(value: Any) -> datetime | None:
+        return to_time(value) if value is not None else None
+
+    return TokenRecord(
+        id=raw["id"], secret_sha256=raw["secret_sha256"], role=raw["role"],
+        topics=tuple(load_json(raw["topics"])), name=raw.get("name"),
+        access_key=raw.get("access_key"), sqs_secret=raw.get("sqs_secret"),
+        created_at=to_time(raw["created_at"]), expires_at=at(raw.get("expires_at")),
+        revoked_at=at(raw.get("revoked_at")), checked_at=to_time(raw["db_now"]),
+    )
+
+
+def idempotency_record(raw: Any) -> IdempotencyRecord | None:
+    if raw is None:
+        return None
+    raw = dict(raw)
+    return IdempotencyRecord(raw["fingerprint"], int(raw["status"]), raw["response"])

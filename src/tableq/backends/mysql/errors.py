@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pymysql
 
-from tableq.backends.base import TransientError
+from tableq.backends.base import TransientError, UniqueViolation
 from tableq.errors import (
     DatabaseError,
     DatabaseUnavailable,
@@ -17,21 +17,23 @@ from tableq.errors import (
 
 DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
 DUPLICATE_ENTRY = 1062
-NO_SUCH_TABLE = 1146
-CONNECTION_LOST = {2003, 2006, 2013, 2055, 1927, 4031}
+NO_SUCH_TABLE, NO_SUCH_COLUMN = 1146, 1054  # a missing column means an older schema too
+# 1053: the server is shutting down; 1927: the connection was killed.
+CONNECTION_LOST = {1053, 2003, 2006, 2013, 2055, 1927, 4031}
 TABLE_FULL, DISK_FULL = 1114, 1021
 PACKET_TOO_LARGE = 1153
+ACCESS_DENIED = {1045, 1698}  # wrong user or password; 1698: root allowed via the socket only
+DB_ACCESS_DENIED, UNKNOWN_DATABASE = 1044, 1049
 
-
-class UniqueViolation(DatabaseError):
-    """A unique-index conflict. The backend turns the dedup-index ones into
-    DuplicateMessage; any other one reaches the caller as this DatabaseError."""
 
 
 @contextmanager
 def map_errors(where: str) -> Iterator[None]:
     try:
         yield
+    except pymysql.err.InterfaceError as exc:
+        # PyMySQL's answer to any use of a connection it closed after losing it.
+        raise DatabaseUnavailable(where, "the connection was lost") from exc
     except pymysql.MySQLError as exc:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
         text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
@@ -41,8 +43,17 @@ def map_errors(where: str) -> Iterator[None]:
             raise TransientError(text, where) from exc
         if code == DUPLICATE_ENTRY:
             raise UniqueViolation(f"MySQL refused a duplicate at {where}: {text}") from exc
-        if code == NO_SUCH_TABLE:
+        if code in (NO_SUCH_TABLE, NO_SUCH_COLUMN):
             raise SchemaNotMigrated(where) from exc
+        if code in ACCESS_DENIED:
+            raise DatabaseUnavailable(where, text, "check the user and password in the URL, "
+                                      "and that this user may connect from this host") from exc
+        if code == DB_ACCESS_DENIED:
+            raise DatabaseUnavailable(where, text, "grant this user access to the database, or "
+                                      "name one it may use in the URL") from exc
+        if code == UNKNOWN_DATABASE:
+            raise DatabaseUnavailable(where, text, "create the database (CREATE DATABASE ... "
+                                      "CHARACTER SET utf8mb4) or fix its name in the URL") from exc
         if code in (TABLE_FULL, DISK_FULL):
             raise StorageFull(where, text) from exc
         if code == PACKET_TOO_LARGE:

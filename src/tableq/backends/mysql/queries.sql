@@ -21,7 +21,7 @@ SET SESSION idle_transaction_timeout = %(seconds)s;
 
 -- name: migration_lock :one
 -- Migrators in other processes wait here (DDL cannot be rolled back in MySQL).
-SELECT GET_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %(prefix)s), 60) AS got;
+SELECT GET_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %(prefix)s), %(wait_s)s) AS got;
 
 -- name: migration_unlock :exec
 DO RELEASE_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %(prefix)s));
@@ -39,6 +39,20 @@ INSERT INTO {p}migration (version, name, applied_at) VALUES (%(version)s, %(name
 
 -- name: clock_now :one
 SELECT UTC_TIMESTAMP(6) AS now;
+
+-- name: test_clock_create :exec
+-- Tests only (connect(test_clock=True)): the backend then reads "now" from this row instead
+-- of UTC_TIMESTAMP(6), so the time stands still until a test moves it. Production queries
+-- never name this table.
+CREATE TABLE IF NOT EXISTS {p}test_clock (
+    one TINYINT NOT NULL PRIMARY KEY, clock DATETIME(6) NOT NULL
+) ENGINE=InnoDB;
+
+-- name: test_clock_init :exec
+INSERT IGNORE INTO {p}test_clock (one, clock) VALUES (1, UTC_TIMESTAMP(6));
+
+-- name: test_clock_advance :exec
+UPDATE {p}test_clock SET clock = clock + INTERVAL %(by_us)s MICROSECOND;
 
 -- name: message_insert :exec
 -- Without keys nothing conflicts, and with innodb_autoinc_lock_mode <= 1 one multi-row INSERT
@@ -89,9 +103,22 @@ LIMIT %(max)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: message_lease :exec
+-- Only the ids in `charged` are charged an attempt now (a worker charges its prefetched
+-- messages later, when their handlers start).
 UPDATE {p}message
-SET lease = %(lease)s, attempts = attempts + 1, received_at = %(now)s, available_at = %(until)s
+SET lease = %(lease)s, attempts = attempts + (id IN %(charged)s), received_at = %(now)s,
+    available_at = %(until)s
 WHERE id IN %(ids)s;
+
+-- name: message_charge :exec
+-- A worker's prefetched message, charged its attempt as its handler starts; the lease is
+-- extended in the same statement, so the handler starts on a full, confirmed lease.
+UPDATE {p}message
+SET attempts = attempts + 1, available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
+WHERE (id, lease) IN %(refs)s;
+
+-- name: message_charged :many
+SELECT id, attempts, available_at FROM {p}message WHERE (id, lease) IN %(refs)s;
 
 -- name: message_bury_ids :exec
 INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
@@ -203,7 +230,7 @@ DELETE FROM {p}message WHERE topic = %(topic)s;
 SELECT * FROM {p}dead WHERE topic = %(topic)s ORDER BY id LIMIT %(limit)s;
 
 -- name: dead_requeue_ids :many
-SELECT d.id FROM {p}dead d
+SELECT d.id, d.`key` FROM {p}dead d
 WHERE d.topic = %(topic)s AND (%(all)s OR d.id IN %(ids)s)
   AND (d.`key` IS NULL OR NOT EXISTS (
       SELECT 1 FROM {p}message m WHERE m.topic = d.topic AND m.`key` = d.`key`))
@@ -240,7 +267,8 @@ WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 -- name: stage_insert :exec
 INSERT INTO {p}stage (job, part, topic, `key`, kind, payload, payload_bytes, headers, priority,
                       delay_s, at)
-VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+VALUES (%(job)s, %(part)s, %(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s,
+        %(headers)s, %(priority)s, %(delay_s)s, %(at)s);
 
 -- name: load_job_open :exec
 INSERT INTO {p}load_job (job, state, created_at) VALUES (%(job)s, 'open', UTC_TIMESTAMP(6))
@@ -332,3 +360,71 @@ DELETE FROM {p}dead WHERE id IN %(ids)s;
 
 -- name: history_delete_done :exec
 DELETE FROM {p}done WHERE id IN %(ids)s;
+
+-- --- tableq doctor: read-only facts about the server (judged in tableq.doctor) ---------------
+
+-- name: doctor_durability :one
+-- What decides whether a commit that was acknowledged survives a crash of the server or of
+-- the machine, and whether the binary log (replicas, point-in-time recovery) agrees with it.
+SELECT @@innodb_flush_log_at_trx_commit AS innodb_flush_log_at_trx_commit,
+       @@sync_binlog AS sync_binlog, @@log_bin AS log_bin, @@binlog_format AS binlog_format;
+
+-- name: doctor_old_transactions :many
+-- Open InnoDB transactions, oldest first (this session left out): while a read view lasts,
+-- purge keeps every row version deleted after it began. Needs the PROCESS privilege. InnoDB
+-- refreshes this table only after 0.1 s without a read of it; one read per report is fine.
+-- trx_started has whole seconds, so an age may read up to 1 s high.
+SELECT t.trx_mysql_thread_id AS pid, p.USER AS user_name, p.HOST AS client,
+       t.trx_state AS state,
+       TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6 AS age_s
+FROM information_schema.INNODB_TRX AS t
+LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id
+WHERE t.trx_mysql_thread_id <> CONNECTION_ID()
+ORDER BY t.trx_started
+LIMIT 5;
+
+-- name: doctor_history_length :one
+-- Undo records purge has not yet removed: grows while an old read view lasts.
+SELECT `COUNT` AS history_length
+FROM information_schema.INNODB_METRICS
+WHERE NAME = 'trx_rseg_history_len';
+
+-- --- access tokens and idempotency records of the HTTP server ------------------------------
+
+-- name: token_insert :exec
+INSERT INTO {p}token (id, secret_sha256, role, topics, name, access_key, sqs_secret,
+                      created_at, expires_at)
+VALUES (%(id)s, %(secret_sha256)s, %(role)s, %(topics)s, %(name)s, %(access_key)s,
+        %(sqs_secret)s, UTC_TIMESTAMP(6),
+        UTC_TIMESTAMP(6) + INTERVAL %(expires_in_us)s MICROSECOND);
+
+-- name: token_by_secret :one
+SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}token WHERE secret_sha256 = %(secret_sha256)s;
+
+-- name: token_by_access_key :one
+SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}token WHERE access_key = %(access_key)s;
+
+-- name: token_list :many
+SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}token ORDER BY created_at, id;
+
+-- name: token_revoke :exec
+UPDATE {p}token SET revoked_at = UTC_TIMESTAMP(6) WHERE id = %(id)s AND revoked_at IS NULL;
+
+-- name: idempotency_claim :exec
+-- Inside the send's transaction: a concurrent request with the same key waits on the row lock
+-- until this transaction ends. Affected rows: 1 inserted, 0 already there (no-op update).
+INSERT INTO {p}idempotency (token_id, idem_key, fingerprint, status, created_at)
+VALUES (%(token_id)s, %(idem_key)s, %(fingerprint)s, 0, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE token_id = token_id;
+
+-- name: idempotency_get :one
+SELECT fingerprint, status, response FROM {p}idempotency
+WHERE token_id = %(token_id)s AND idem_key = %(idem_key)s;
+
+-- name: idempotency_finish :exec
+UPDATE {p}idempotency SET status = %(status)s, response = %(response)s
+WHERE token_id = %(token_id)s AND idem_key = %(idem_key)s;
+
+-- name: idempotency_expire :exec
+DELETE FROM {p}idempotency
+WHERE created_at < UTC_TIMESTAMP(6) - INTERVAL %(older_than_us)s MICROSECOND;

@@ -1,4 +1,4 @@
-"""The PostgreSQL backend (psycopg 3): every PostgreSQL statement tableq runs lives in
+"""The PostgreSQL dialect (psycopg 3): every PostgreSQL statement tableq runs lives in
 queries.sql beside this file. Autocommit connections from a fork-aware pool, so a
 single-statement operation (send, receive, ack) is one round trip; FOR UPDATE SKIP LOCKED
 claims; LISTEN/NOTIFY wake-up hints."""
@@ -7,68 +7,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from tableq.backends._pool import Pool
-from tableq.backends._queries import apply_pending, load_migrations, load_queries
+from tableq.backends._queries import Migration, load_migrations, load_queries
 from tableq.backends.base import (
-    Backend,
     ClaimResult,
     ClaimSpec,
-    Filter,
     GroupLease,
     NewMessage,
     PayloadBatch,
     Row,
+    UniqueViolation,
     as_rows,
     chunks,
-    dead_row_values,
-    merge_stats,
-    retrying,
-    shape_row,
+    gather,
 )
-from tableq.backends.base import (
-    compile_filter as base_compile_filter,
-)
-from tableq.backends.postgres.errors import UniqueViolation, map_errors
-from tableq.errors import (
-    DatabaseError,
-    DuplicateMessage,
-    InvalidArgument,
-    LoadIncomplete,
-    UnsupportedDatabase,
-)
+from tableq.backends.postgres.errors import map_errors
+from tableq.backends.sql import Cursor, Params, SqlBackend
+from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
 MIN_VERSION = 130000  # gen_random_uuid() is built in from 13 on
-_EXTRA = ("due_priority", "due_at", "buried")
-
-
-def _ts(value: datetime) -> datetime:
-    return value.astimezone(UTC)
-
-
-def _same(value: Any) -> Any:
-    return value  # psycopg already decoded jsonb
-
-
-def _field_clause(i: int, field: str, value: Any, params: dict[str, Any]) -> str:
-    """`payload -> key` takes the key as a bound value, never as a path string."""
-    params[f"f_field{i}"] = field
-    params[f"f_value{i}"] = json.dumps(value)
-    return f"payload -> %(f_field{i})s = %(f_value{i})s::jsonb"
-
-
-def compile_filter(where: Filter | None) -> tuple[str, dict[str, Any]]:
-    return base_compile_filter(where, param=lambda n: f"%({n})s", key_column="key",
-                               field_clause=_field_clause)
+# Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
+CLOCK = ("statement_timestamp()", "(SELECT clock FROM {schema}.test_clock)")
 
 
 def _arrays(rows: Sequence[NewMessage]) -> dict[str, list[Any]]:
@@ -137,17 +106,22 @@ def copy_text(load_part: int, t: NewMessage,
                     for text, data in payloads])
 
 
-class PostgresBackend(Backend):
+class PostgresBackend(SqlBackend):
     dialect = "postgres"
+    connection_type: ClassVar[type] = psycopg.Connection
+    connection_name: ClassVar[str] = "psycopg 3 Connection"
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32, connect_timeout_s: float = 10,
                  application_name: str = "tableq",
-                 transaction_idle_timeout_s: float = 300.0) -> None:
+                 transaction_idle_timeout_s: float = 300.0, test_clock: bool = False) -> None:
         self.url, self.where = url, url.redacted
         self.schema = url.namespace
         quoted = f'"{self.schema}"'
-        self.Q = load_queries(__package__, "{schema}", quoted)
-        self.Q.listen = self.Q.listen.replace("{channel}", f'"{self.schema}_wake"')
+        self.test_clock = bool(test_clock)
+        self.channel = f"{self.schema}_wake"
+        self.Q = load_queries(__package__, "{schema}", quoted,
+                              clock=CLOCK if self.test_clock else None,
+                              names={"{channel}": f'"{self.channel}"'})
         self._migrations = load_migrations(__package__, "{schema}", quoted)
         self.connect_kwargs: dict[str, Any] = {
             "host": url.host, "port": url.port or 5432, "dbname": url.database,
@@ -165,8 +139,11 @@ class PostgresBackend(Backend):
 
     # --- connections and transactions -----------------------------------------------------
 
+    def map_errors(self) -> AbstractContextManager[None]:
+        return map_errors(self.where)
+
     def _connect(self) -> psycopg.Connection[Any]:
-        with map_errors(self.where):
+        with self.map_errors():
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True)
             if not self._checked:
                 version = conn.execute(self.Q.server_version).fetchone()[0]  # type: ignore[index]
@@ -176,35 +153,75 @@ class PostgresBackend(Backend):
                 self._checked = True
             return conn
 
-    def _run(self, fn: Callable[[psycopg.Cursor[Any]], T], conn: Any = None, *,
-             tx: bool = False) -> T:
-        if conn is not None:  # the caller's transaction: no BEGIN, no COMMIT, no retry
-            with map_errors(self.where), conn.cursor(row_factory=dict_row) as cur:
+    def _attempt(self, fn: Callable[[Cursor], T], *, tx: bool, write: bool) -> T:
+        with self.pool.connection() as c, self.map_errors():
+            if tx:
+                with c.transaction(), c.cursor(row_factory=dict_row) as cur:
+                    return fn(cur)
+            with c.cursor(row_factory=dict_row) as cur:
                 return fn(cur)
 
-        def attempt() -> T:
-            with self.pool.connection() as c, map_errors(self.where):
-                if tx:
-                    with c.transaction(), c.cursor(row_factory=dict_row) as cur:
-                        return fn(cur)
-                with c.cursor(row_factory=dict_row) as cur:
-                    return fn(cur)
-        return retrying(attempt)
+    def _cursor(self, conn: Any) -> AbstractContextManager[Cursor]:
+        cur: AbstractContextManager[Cursor] = conn.cursor(row_factory=dict_row)
+        return cur
+
+    def _all(self, cur: Cursor, query: str, params: Params | None = None) -> list[Row]:
+        rows: list[Row] = cur.execute(query, params).fetchall()
+        return rows
+
+    def _one(self, cur: Cursor, query: str, params: Params | None = None) -> Row | None:
+        row: Row | None = cur.execute(query, params).fetchone()
+        return row
+
+    def _exec(self, cur: Cursor, query: str, params: Params | None = None) -> int:
+        return int(cur.execute(query, params).rowcount)
+
+    # --- values -------------------------------------------------------------------------------
+
+    def _to_time(self, value: Any) -> datetime:
+        at: datetime = value.astimezone(UTC)
+        return at
+
+    def _db_time(self, value: datetime | None) -> Any:
+        return value  # psycopg sends aware datetimes as timestamptz
+
+    def _loads(self, value: Any) -> Any:
+        return value  # psycopg already decoded jsonb
+
+    def _ids(self, ids: Sequence[int]) -> Any:
+        return list(ids)
+
+    def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
+        return {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs]}
+
+    def _param(self, name: str) -> str:
+        return f"%({name})s"
+
+    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
+        """`payload -> key` takes the key as a bound value, never as a path string."""
+        params[f"f_field{i}"] = field
+        params[f"f_value{i}"] = json.dumps(value)
+        return f"payload -> %(f_field{i})s = %(f_value{i})s::jsonb"
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:
         with self.pool.connection() as conn:
-            with map_errors(self.where):
+            with self.map_errors():
                 tx = conn.transaction()
                 tx.__enter__()
                 conn.execute(self.Q.transaction_idle_limit, {"ms": self.transaction_idle_ms})
             try:
                 yield conn
             except BaseException as exc:
-                with map_errors(self.where):
+                with self.map_errors():
                     tx.__exit__(type(exc), exc, exc.__traceback__)
+                if conn.broken:
+                    # The caller's own statement met a dead connection: say so as tableq does
+                    # everywhere else (DatabaseUnavailable; nothing was committed).
+                    with self.map_errors():
+                        raise
                 raise
-            with map_errors(self.where):
+            with self.map_errors():
                 if conn.info.transaction_status == TransactionStatus.INERROR:
                     tx.__exit__(None, None, None)  # rolls back: PostgreSQL would not commit
                     raise DatabaseError(
@@ -213,44 +230,24 @@ class PostgresBackend(Backend):
                         "propagate out of the block (or use a savepoint) and retry")
                 tx.__exit__(None, None, None)
 
-    def check_connection(self, conn: Any) -> None:
-        if not isinstance(conn, psycopg.Connection):
-            raise InvalidArgument(
-                f"connection= must be an open psycopg 3 Connection, not {type(conn).__name__}"
-            )
-
     def listener(self) -> PostgresListener:
         return PostgresListener(self)
 
-    def close(self) -> None:
-        self.pool.close()
-
-    def now(self) -> datetime:
-        return _ts(self._run(lambda cur: cur.execute(self.Q.clock_now).fetchone()["now"]))
-
-    def _row(self, raw: Any) -> Row:
-        row = shape_row(raw, _ts, _same)
-        for name in _EXTRA:
-            row.pop(name, None)
-        return row
+    # --- migrations -----------------------------------------------------------------------
 
     # --- migrations -----------------------------------------------------------------------
 
-    def _migration_setup(self, cur: psycopg.Cursor[Any]) -> set[int]:
-        cur.execute(self.Q.migration_lock, {"schema": self.schema})
-        cur.execute(self.Q.schema_create)
-        cur.execute(self.Q.migration_create)
-        return {r["version"] for r in cur.execute(self.Q.migration_versions)}
-
-    def schema_version(self) -> int:
-        return max(self._run(self._migration_setup, tx=True), default=0)
-
-    def migrate(self) -> list[int]:
-        def run(cur: psycopg.Cursor[Any]) -> list[int]:
+    def _locked(self, fn: Callable[[Cursor], T]) -> T:
+        def run(cur: Cursor) -> T:
             # DDL is transactional here; the advisory lock makes migrators take turns.
-            done = self._migration_setup(cur)
-            return apply_pending(self._migrations, done, cur.execute, self.Q.migration_record)
-        return self._run(run, tx=True)
+            cur.execute(self.Q.migration_lock, {"schema": self.schema})
+            cur.execute(self.Q.schema_create)
+            cur.execute(self.Q.migration_create)
+            return fn(cur)
+        return self.run(run, tx=True)
+
+    def _migration_files(self) -> list[Migration]:
+        return self._migrations
 
     # --- sending --------------------------------------------------------------------------
 
@@ -265,7 +262,7 @@ class PostgresBackend(Backend):
             for _ in range(5):  # a duplicate that vanished before we could read it: insert again
                 batch = [rows[i] for i in pending]
                 try:
-                    with map_errors(self.where), self._savepoint(cur, conn, on_duplicate):
+                    with self.map_errors(), self._savepoint(cur, conn, on_duplicate):
                         got = cur.execute(query, _arrays(batch)).fetchall()
                 except UniqueViolation:
                     raise self._duplicate(cur, batch) from None
@@ -295,7 +292,7 @@ class PostgresBackend(Backend):
                     break
             return [results[i] for i in range(len(rows))]
         # The queue layer removes duplicate keys within one batch, so keys identify rows.
-        return self._run(run, conn)
+        return self.run(run, conn)
 
     @contextmanager
     def _savepoint(self, cur: psycopg.Cursor[Any], conn: Any, on_duplicate: str
@@ -328,24 +325,26 @@ class PostgresBackend(Backend):
 
     # --- receiving ------------------------------------------------------------------------
 
-    def _claim_params(self, query: str, spec: ClaimSpec) -> tuple[str, dict[str, Any]]:
-        clause, params = compile_filter(spec.where)
+    def _claim_params(self, query: str, spec: ClaimSpec) -> tuple[str, Params]:
+        sql, params = self._filtered(query, spec.where)
         params.update(topic=spec.topic, max=spec.max, max_attempts=spec.max_attempts,
-                      lease=spec.lease, vt=float(spec.visibility_timeout_s))
-        return query.replace("/*filter*/", clause), params
+                      lease=spec.lease, vt=float(spec.visibility_timeout_s), charge=spec.charge,
+                      charge_last=spec.charge_last)
+        return sql, params
 
     def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
-        sql, params = self._claim_params(self.Q.message_claim, spec)
-        if spec.ids_only:
-            sql = sql.replace("l.* /*leased*/", "l.id")
-        raw = self._run(lambda cur: cur.execute(sql, params).fetchall(), conn)
+        query = self.Q.message_claim_ids if spec.ids_only else self.Q.message_claim
+        sql, params = self._claim_params(query, spec)
+        raw = self.run(lambda cur: self._all(cur, sql, params), conn)
         buried = int(raw[0]["buried"]) if raw else 0
-        shape = (lambda r: {"id": r["id"]}) if spec.ids_only else self._row
-        return ClaimResult([shape(r) for r in raw if r["id"] is not None], buried)
+        leased = [r for r in raw if r["id"] is not None]
+        if spec.ids_only:
+            return ClaimResult([{"id": r["id"]} for r in leased], buried)
+        return ClaimResult([self._row(r) for r in leased], buried)
 
     def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, spec)
-        raw = self._run(lambda cur: cur.execute(sql, params).fetchall())
+        raw = self.run(lambda cur: self._all(cur, sql, params))
         rows = sorted((self._row(r) for r in raw),
                       key=lambda r: (-r["priority"], r["available_at"], r["id"]))
         for r in rows:  # it counts as received once
@@ -354,94 +353,25 @@ class PostgresBackend(Backend):
 
     def ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
         query = self.Q.message_ack_retain if retain else self.Q.message_ack
-        params = {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs]}
-        return self._run(lambda cur: {r["id"] for r in cur.execute(query, params)}, conn)
-
-    def release(self, msg_id: int, lease: str, delay_s: float, error: str | None,
-                penalty: bool, conn: Any = None) -> bool:
-        params = {"id": msg_id, "lease": lease, "delay_s": float(delay_s), "error": error,
-                  "refund": 0 if penalty else 1}
-        return self._run(
-            lambda cur: cur.execute(self.Q.message_release, params).fetchone() is not None, conn)
-
-    def extend(self, msg_id: int, lease: str, extend_s: float,
-               progress_json: str | None) -> datetime | None:
-        params = {"id": msg_id, "lease": lease, "extend_s": float(extend_s),
-                  "progress": progress_json}
-        found = self._run(lambda cur: cur.execute(self.Q.message_extend, params).fetchone())
-        return _ts(found["available_at"]) if found else None
-
-    def bury_taken(self, row: Row, error: str) -> None:
-        params = {**dead_row_values(row, lambda t: t), "error": error}
-        self._run(lambda cur: cur.execute(self.Q.dead_insert, params))
-
-    def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
-        params = {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs]}
-        return self._run(lambda cur: {r["id"] for r in cur.execute(self.Q.done_match, params)})
-
-    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
-        params = {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs],
-                  "extend_s": float(extend_s)}
-        rows = self._run(lambda cur: cur.execute(self.Q.message_extend_many, params).fetchall())
-        return {r["id"]: _ts(r["available_at"]) for r in rows}
+        return self.run(lambda cur: {r["id"] for r in self._all(cur, query, self._refs(refs))},
+                        conn)
 
     def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error}
-        return self._run(
-            lambda cur: cur.execute(self.Q.message_bury, params).fetchone() is not None, conn)
-
-    # --- looking ---------------------------------------------------------------------------
-
-    def _all(self, query: str, params: dict[str, Any]) -> list[Row]:
-        return [self._row(r) for r in self._run(lambda cur: cur.execute(query, params).fetchall())]
-
-    def peek(self, topic: str, limit: int) -> list[Row]:
-        return self._all(self.Q.message_peek, {"topic": topic, "limit": limit})
-
-    def get(self, msg_id: int) -> Row | None:
-        rows = self._all(self.Q.message_get, {"id": msg_id})
-        return rows[0] if rows else None
-
-    def topics(self) -> list[str]:
-        return self._run(lambda cur: [r["topic"] for r in cur.execute(self.Q.message_topics)])
-
-    def stats(self, topic: str | None) -> list[Row]:
-        def run(cur: psycopg.Cursor[Any]) -> list[Row]:
-            p = {"topic": topic}
-            live = {r["topic"]: r for r in cur.execute(self.Q.message_stats, p).fetchall()}
-            dead = {r["topic"]: r["dead"] for r in cur.execute(self.Q.dead_stats, p).fetchall()}
-            done = {r["topic"]: r["done"] for r in cur.execute(self.Q.done_stats, p).fetchall()}
-            return merge_stats(live, dead, done)
-        return self._run(run, tx=True)
-
-    def purge(self, topic: str) -> int:
-        return self._run(lambda cur: cur.execute(self.Q.message_purge, {"topic": topic}).rowcount)
+        return self.run(lambda cur: self._one(cur, self.Q.message_bury, params) is not None,
+                        conn)
 
     # --- dead letters -----------------------------------------------------------------------
 
-    def dead_list(self, topic: str, limit: int) -> list[Row]:
-        return self._all(self.Q.dead_list, {"topic": topic, "limit": limit})
-
     def dead_requeue(self, topic: str, ids: Sequence[int] | None) -> int:
-        params = {"topic": topic, "ids": list(ids) if ids is not None else None}
-        return self._run(lambda cur: len(cur.execute(self.Q.dead_requeue, params).fetchall()))
-
-    def dead_purge(self, topic: str, ids: Sequence[int] | None) -> int:
-        params = {"topic": topic, "ids": list(ids) if ids is not None else None}
-        return self._run(lambda cur: cur.execute(self.Q.dead_purge, params).rowcount)
+        params = {"topic": topic, **self._some_ids(ids)}
+        return self.run(lambda cur: len(self._all(cur, self.Q.dead_requeue, params)))
 
     # --- group leases (Spark source) ---------------------------------------------------------
 
-    def lease_rows(self, group: GroupLease) -> list[Row]:
-        return self._all(self.Q.lease_rows, group.params())
-
     def lease_ack(self, group: GroupLease, retain: bool) -> int:
-        q = self.Q.lease_ack_retain if retain else self.Q.lease_ack
-        return self._run(lambda cur: cur.execute(q, group.params()).rowcount)
-
-    def lease_extend(self, group: GroupLease, extend_s: float) -> int:
-        p = {**group.params(), "extend_s": float(extend_s)}
-        return self._run(lambda cur: cur.execute(self.Q.lease_extend, p).rowcount)
+        return self._change(self.Q.lease_ack_retain if retain else self.Q.lease_ack,
+                            group.params())
 
     # --- staged loads (Spark sink) ------------------------------------------------------------
 
@@ -465,7 +395,7 @@ class PostgresBackend(Backend):
             cur.execute(self.Q.stage_async_commit)
             cur.execute(self.Q.load_job_open, p)
             cur.execute(self.Q.load_job_reopen, p)
-            if cur.execute(self.Q.load_job_share, p).fetchone()["state"] == "committed":
+            if self._value(cur, self.Q.load_job_share, p, "state") == "committed":
                 return 0  # a replayed or late task of a finished load: it was published once
             if keyed:
                 with cur.copy(self.Q.stage_copy) as copy:
@@ -475,13 +405,12 @@ class PostgresBackend(Backend):
             for topic, msgs in direct.items():
                 self._copy_direct(cur, job, part, topic, msgs)
             return len(batch)
-        return self._run(run, tx=True)
+        return self.run(run, tx=True)
 
     def _copy_direct(self, cur: psycopg.Cursor[Any], job: str, part: int, topic: str,
                      msgs: list[NewMessage] | PayloadBatch) -> None:
-        load_part = cur.execute(self.Q.load_part_open, {"job": job, "part": part,
-                                                        "topic": topic, "rows": len(msgs)}
-                                ).fetchone()["id"]
+        load_part = self._value(cur, self.Q.load_part_open, {
+            "job": job, "part": part, "topic": topic, "rows": len(msgs)}, "id")
         if isinstance(msgs, PayloadBatch):
             t = msgs.template
             if t.at is None and not t.delay_s:  # the bulk case: COPY text built per chunk
@@ -499,7 +428,7 @@ class PostgresBackend(Backend):
                                     m.priority, load_part))
         if later:
             # Delays count from the server's clock now, as a send's would.
-            now = cur.execute(self.Q.clock_now).fetchone()["now"]
+            now = self._value(cur, self.Q.clock_now, None, "now")
             with cur.copy(self.Q.message_copy_due) as copy:
                 for m in later:
                     due = m.at if m.at is not None else now + timedelta(seconds=m.delay_s)
@@ -511,59 +440,52 @@ class PostgresBackend(Backend):
         query = self.Q.stage_publish_replace if on_duplicate == "replace" else self.Q.stage_publish
 
         def run(cur: psycopg.Cursor[Any]) -> int | None:
-            state = cur.execute(self.Q.load_job_lock, {"job": job}).fetchone()["state"]
+            state = self._value(cur, self.Q.load_job_lock, {"job": job}, "state")
             if state == "committed":
                 cur.execute(self.Q.stage_delete_job, {"job": job})
                 return None
             p = {"job": job, "parts": list(parts)}
             if expected is not None:
-                found = (cur.execute(self.Q.stage_count, p).fetchone()["n"]
-                         + cur.execute(self.Q.load_part_rows, p).fetchone()["n"])
+                found = (self._value(cur, self.Q.stage_count, p, "n")
+                         + self._value(cur, self.Q.load_part_rows, p, "n"))
                 if found != expected:
                     raise LoadIncomplete(job, expected, found)
             flipped = cur.execute(self.Q.load_part_publish, p).fetchall()
             cur.execute(self.Q.load_part_drop, p)
-            n = cur.execute(query, p).rowcount + sum(r["rows"] for r in flipped)
+            n: int = self._exec(cur, query, p) + sum(r["rows"] for r in flipped)
             cur.execute(self.Q.stage_delete_job, {"job": job})
             cur.execute(self.Q.load_job_finish, {"job": job, "state": "committed", "rows": n})
             if flipped:  # the COPY woke nobody: tell idle workers now
                 cur.execute(self.Q.load_notify, {
-                    "channel": f"{self.schema}_wake", "topics": [r["topic"] for r in flipped],
+                    "channel": self.channel, "topics": [r["topic"] for r in flipped],
                     "counts": [r["rows"] for r in flipped]})
             return n
-        return self._run(run, tx=True)
+        return self.run(run, tx=True)
 
-    def discard(self, job: str) -> int:
-        def run(cur: psycopg.Cursor[Any]) -> int:
-            state = cur.execute(self.Q.load_job_lock, {"job": job}).fetchone()["state"]
-            n = cur.execute(self.Q.load_part_drop, {"job": job}).rowcount
-            n += cur.execute(self.Q.stage_delete_job, {"job": job}).rowcount
-            if state != "committed":
-                cur.execute(self.Q.load_job_finish, {"job": job, "state": "aborted", "rows": 0})
-            return n
-        return self._run(run, tx=True)
+    def _job_lock(self, cur: Cursor, job: str) -> str:
+        return str(self._value(cur, self.Q.load_job_lock, {"job": job}, "state"))
 
-    def stage_cleanup(self, older_than_s: float) -> int:
-        jobs = self._run(lambda cur: [r["job"] for r in cur.execute(
-            self.Q.stage_stale_jobs, {"older_than_s": float(older_than_s)})])
-        return sum(self.discard(job) for job in jobs)
+    def _discard_rows(self, cur: Cursor, job: str) -> int:
+        n = self._exec(cur, self.Q.load_part_drop, {"job": job})
+        return n + self._exec(cur, self.Q.stage_delete_job, {"job": job})
 
-    def job_state(self, job: str) -> str | None:
-        found = self._run(lambda cur: cur.execute(self.Q.load_job_state, {"job": job}).fetchone())
-        return found["state"] if found else None
+    # --- health (tableq doctor) ---------------------------------------------------------------
 
-    # --- history ------------------------------------------------------------------------------
+    def health_facts(self) -> dict[str, Any]:
+        def one(query: str, params: Params | None = None) -> Row:
+            return dict(self._read_one(query, params) or {})
 
-    def history_bounds(self, source: str, topic: str | None) -> tuple[int, int] | None:
-        q = getattr(self.Q, f"history_bounds_{source}")
-        found = self._run(lambda cur: cur.execute(q, {"topic": topic}).fetchone())
-        return None if found["lo"] is None else (found["lo"], found["hi"])
+        def many(query: str, params: Params | None = None) -> list[Row]:
+            return [dict(r) for r in self._read_all(query, params)]
 
-    def history_rows(self, source: str, topic: str | None, lo: int, hi: int,
-                     before: datetime | None) -> list[Row]:
-        q = getattr(self.Q, f"history_rows_{source}")
-        return self._all(q, {"topic": topic, "lo": lo, "hi": hi, "before": before})
-
-    def history_delete(self, source: str, ids: Sequence[int]) -> int:
-        q = self.Q.history_delete_dead if source == "dead" else self.Q.history_delete_done
-        return self._run(lambda cur: cur.execute(q, {"ids": list(ids)}).rowcount)
+        return gather({
+            "durability": lambda: one(self.Q.doctor_durability),
+            "transactions": lambda: {
+                "oldest": many(self.Q.doctor_old_transactions),
+                "sees_all_sessions": bool(one(self.Q.doctor_sees_all_sessions)["sees_all"]),
+                "prepared": one(self.Q.doctor_prepared_transactions),
+                "slots": many(self.Q.doctor_replication_slots),
+            },
+            "cleanup": lambda: {"tables": many(self.Q.doctor_dead_rows, {"schema": self.schema})},
+            "schema": self._schema_facts,
+        })

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import errors as pgerr
 
-from tableq.backends.base import TransientError
+from tableq.backends.base import TransientError, UniqueViolation
 from tableq.errors import (
     DatabaseError,
     DatabaseTimeout,
@@ -16,11 +16,6 @@ from tableq.errors import (
     SchemaNotMigrated,
     StorageFull,
 )
-
-
-class UniqueViolation(DatabaseError):
-    """A unique-index conflict. The backend turns the dedup-index ones into
-    DuplicateMessage; any other one reaches the caller as this DatabaseError."""
 
 
 @contextmanager
@@ -32,7 +27,9 @@ def map_errors(where: str) -> Iterator[None]:
     except pgerr.UniqueViolation as exc:
         raise UniqueViolation(
             f"PostgreSQL refused a duplicate at {where}: {str(exc).strip()}") from exc
-    except (pgerr.UndefinedTable, pgerr.InvalidSchemaName, pgerr.UndefinedFunction) as exc:
+    # A missing column is an older schema too (a migration after 0001 adds it).
+    except (pgerr.UndefinedTable, pgerr.UndefinedColumn, pgerr.InvalidSchemaName,
+            pgerr.UndefinedFunction) as exc:
         raise SchemaNotMigrated(where) from exc
     except (pgerr.DiskFull, pgerr.OutOfMemory) as exc:
         raise StorageFull(where, str(exc).strip()) from exc

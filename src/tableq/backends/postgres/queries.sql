@@ -42,15 +42,31 @@ RELEASE SAVEPOINT tableq_send;
 -- name: clock_now :one
 SELECT statement_timestamp() AS now;
 
+-- name: test_clock_create :exec
+-- Tests only (connect(test_clock=True)): the backend then reads "now" from this row instead
+-- of statement_timestamp(), so the time stands still until a test moves it. Production
+-- queries never name this table.
+CREATE TABLE IF NOT EXISTS {schema}.test_clock (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one), clock timestamptz NOT NULL
+);
+
+-- name: test_clock_init :exec
+INSERT INTO {schema}.test_clock (one, clock) VALUES (true, statement_timestamp())
+ON CONFLICT DO NOTHING;
+
+-- name: test_clock_advance :exec
+UPDATE {schema}.test_clock SET clock = clock + make_interval(secs => %(by_s)s);
+
 -- name: listen :exec
+-- LISTEN takes no parameters: the schema's wake-up channel is named once, at load.
 LISTEN {channel};
 
 -- name: message_insert :many
 -- One round trip per batch: arrays in, rows out. Ids follow the array order.
 INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              available_at, first_available_at)
+                              created_at, available_at, first_available_at)
 SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-       r.due, r.due
+       statement_timestamp(), r.due, r.due
 FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
       FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
                   %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
@@ -62,9 +78,9 @@ RETURNING id, key;
 
 -- name: message_insert_ignore :many
 INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              available_at, first_available_at)
+                              created_at, available_at, first_available_at)
 SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-       r.due, r.due
+       statement_timestamp(), r.due, r.due
 FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
       FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
                   %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
@@ -79,9 +95,9 @@ RETURNING id, key;
 -- Replacing resets the delivery: a worker holding the old lease gets LeaseLost on ack.
 -- xmax = 0 tells a freshly inserted row from an updated one.
 INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              available_at, first_available_at)
+                              created_at, available_at, first_available_at)
 SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-       r.due, r.due
+       statement_timestamp(), r.due, r.due
 FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
       FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
                   %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
@@ -126,17 +142,80 @@ WITH due AS (
            statement_timestamp()
     FROM spent
     RETURNING 1
+), ranked AS (
+    -- A NULL charge charges every leased message; n charges the first n in delivery order
+    -- (a worker charges its prefetched messages later, when their handlers start), except a
+    -- last allowed attempt beyond the first charge_last (ClaimSpec.charges).
+    SELECT id, priority, available_at,
+           CASE WHEN %(charge)s::bigint IS NULL THEN true
+                ELSE rn <= COALESCE(%(charge_last)s::bigint, %(charge)s::bigint)
+                     OR (rn <= %(charge)s::bigint AND attempts + 1 < %(max_attempts)s) END AS charged
+    FROM (SELECT *, row_number() OVER (ORDER BY priority DESC, available_at, id) AS rn
+          FROM due WHERE attempts < %(max_attempts)s) d
 ), leased AS (
     UPDATE {schema}.message m
-    SET lease = COALESCE(%(lease)s::text, gen_random_uuid()::text), attempts = m.attempts + 1,
+    SET lease = COALESCE(%(lease)s::text, gen_random_uuid()::text),
+        attempts = m.attempts + ranked.charged::int,
         received_at = statement_timestamp(),
         available_at = statement_timestamp() + make_interval(secs => %(vt)s)
-    FROM due
-    WHERE m.id = due.id AND due.attempts < %(max_attempts)s
-    RETURNING m.*, due.priority AS due_priority, due.available_at AS due_at
+    FROM ranked
+    WHERE m.id = ranked.id
+    RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
+              ranked.charged
 )
--- /*leased*/ marks the columns returned: l.id alone when the caller asked for ids only.
-SELECT l.* /*leased*/, b.buried
+SELECT l.*, b.buried
+FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
+ORDER BY l.due_priority DESC, l.due_at, l.id;
+
+-- name: message_claim_ids :many
+-- message_claim returning only the leased ids (a holder that reads the rows later by their
+-- lease: the Spark source), so 10k-row leases do not carry their payloads back.
+-- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
+-- Rows already received max_attempts times go to the dead-letter store instead; the final
+-- LEFT JOIN returns one row even when nothing was leased, to carry the buried count.
+WITH due AS (
+    SELECT id, attempts, priority, available_at FROM {schema}.message
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp()
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open')) /*filter*/
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(max)s
+    FOR UPDATE SKIP LOCKED
+), spent AS (
+    DELETE FROM {schema}.message m USING due
+    WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+    RETURNING m.*
+), buried AS (
+    INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                               attempts, created_at, first_available_at, received_at, error,
+                               dead_at)
+    SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+           created_at, first_available_at, received_at,
+           COALESCE(last_error, 'received ' || attempts || ' times without an ack'),
+           statement_timestamp()
+    FROM spent
+    RETURNING 1
+), ranked AS (
+    -- A NULL charge charges every leased message; n charges the first n in delivery order
+    -- (a worker charges its prefetched messages later, when their handlers start), except a
+    -- last allowed attempt beyond the first charge_last (ClaimSpec.charges).
+    SELECT id, priority, available_at,
+           CASE WHEN %(charge)s::bigint IS NULL THEN true
+                ELSE rn <= COALESCE(%(charge_last)s::bigint, %(charge)s::bigint)
+                     OR (rn <= %(charge)s::bigint AND attempts + 1 < %(max_attempts)s) END AS charged
+    FROM (SELECT *, row_number() OVER (ORDER BY priority DESC, available_at, id) AS rn
+          FROM due WHERE attempts < %(max_attempts)s) d
+), leased AS (
+    UPDATE {schema}.message m
+    SET lease = COALESCE(%(lease)s::text, gen_random_uuid()::text),
+        attempts = m.attempts + ranked.charged::int,
+        received_at = statement_timestamp(),
+        available_at = statement_timestamp() + make_interval(secs => %(vt)s)
+    FROM ranked
+    WHERE m.id = ranked.id
+    RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
+              ranked.charged
+)
+SELECT l.id, b.buried
 FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 
@@ -179,6 +258,16 @@ SET lease = NULL, attempts = attempts - %(refund)s,
     last_error = COALESCE(%(error)s, last_error)
 WHERE id = %(id)s AND lease = %(lease)s
 RETURNING id;
+
+-- name: message_charge :many
+-- A worker's prefetched message, charged its attempt as its handler starts; the lease is
+-- extended in the same statement, so the handler starts on a full, confirmed lease.
+UPDATE {schema}.message m
+SET attempts = m.attempts + 1,
+    available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
+FROM unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+WHERE m.id = a.id AND m.lease = a.lease
+RETURNING m.id, m.attempts, m.available_at;
 
 -- name: message_extend :one
 UPDATE {schema}.message
@@ -387,8 +476,9 @@ WHERE job = %(job)s;
 
 -- name: stage_publish :exec
 INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              available_at, first_available_at)
-SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, s.due, s.due
+                              created_at, available_at, first_available_at)
+SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
+       statement_timestamp(), s.due, s.due
 FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due
       FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[])
       ORDER BY sid) s
@@ -397,8 +487,9 @@ ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING;
 -- name: stage_publish_replace :exec
 -- The last staged row of a key wins; ON CONFLICT may touch each live row only once.
 INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              available_at, first_available_at)
-SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, s.due, s.due
+                              created_at, available_at, first_available_at)
+SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
+       statement_timestamp(), s.due, s.due
 FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due,
              row_number() OVER (PARTITION BY topic, key ORDER BY sid DESC) AS nth
       FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[])) s
@@ -457,3 +548,96 @@ DELETE FROM {schema}.dead WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: history_delete_done :exec
 DELETE FROM {schema}.done WHERE id = ANY(%(ids)s::bigint[]);
+
+-- --- tableq doctor: read-only facts about the server (judged in tableq.doctor) ---------------
+
+-- name: doctor_durability :one
+-- What decides whether a commit that was acknowledged survives a crash of the server or of
+-- the machine.
+SELECT current_setting('fsync') AS fsync,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('full_page_writes') AS full_page_writes;
+
+-- name: doctor_sees_all_sessions :one
+-- Without pg_read_all_stats (or superuser), other users' sessions show no transaction times.
+SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS sees_all;
+
+-- name: doctor_old_transactions :many
+-- Open transactions of this database that hold a snapshot or a transaction id: while they
+-- last, vacuum keeps every row deleted after they began (acked messages included). Oldest
+-- first; this session is left out.
+SELECT pid, usename AS user_name, application_name, client_addr::text AS client, state,
+       extract(epoch FROM clock_timestamp() - xact_start)::float8 AS age_s,
+       age(backend_xmin) AS xmin_age
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND backend_type = 'client backend' AND xact_start IS NOT NULL
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+ORDER BY xact_start
+LIMIT 5;
+
+-- name: doctor_prepared_transactions :one
+-- A forgotten prepared transaction (two-phase commit) holds back cleanup like an open one.
+SELECT count(*) AS n,
+       extract(epoch FROM clock_timestamp() - min(prepared))::float8 AS oldest_s,
+       min(gid) AS gid
+FROM pg_prepared_xacts
+WHERE database = current_database();
+
+-- name: doctor_replication_slots :many
+-- A slot that pins xmin (a standby with hot_standby_feedback) holds back cleanup too, and
+-- forever once its standby is gone.
+SELECT slot_name, active, age(xmin) AS xmin_age
+FROM pg_replication_slots
+WHERE xmin IS NOT NULL;
+
+-- name: doctor_dead_rows :many
+-- Dead row versions left on tableq's tables (estimates from the statistics collector).
+SELECT relname AS table_name, n_live_tup AS live_rows, n_dead_tup AS dead_rows,
+       extract(epoch FROM clock_timestamp() - greatest(last_autovacuum, last_vacuum))::float8
+           AS vacuumed_s_ago
+FROM pg_stat_user_tables
+WHERE schemaname = %(schema)s
+ORDER BY n_dead_tup DESC, relname;
+
+-- --- access tokens and idempotency records of the HTTP server ------------------------------
+
+-- name: token_insert :exec
+INSERT INTO {schema}.token (id, secret_sha256, role, topics, name, access_key, sqs_secret,
+                            expires_at)
+VALUES (%(id)s, %(secret_sha256)s, %(role)s, %(topics)s::jsonb, %(name)s, %(access_key)s,
+        %(sqs_secret)s,
+        statement_timestamp() + make_interval(secs => %(expires_in_s)s::double precision));
+
+-- name: token_by_secret :one
+SELECT *, statement_timestamp() AS db_now FROM {schema}.token
+WHERE secret_sha256 = %(secret_sha256)s;
+
+-- name: token_by_access_key :one
+SELECT *, statement_timestamp() AS db_now FROM {schema}.token WHERE access_key = %(access_key)s;
+
+-- name: token_list :many
+SELECT *, statement_timestamp() AS db_now FROM {schema}.token ORDER BY created_at, id;
+
+-- name: token_revoke :exec
+UPDATE {schema}.token SET revoked_at = statement_timestamp()
+WHERE id = %(id)s AND revoked_at IS NULL;
+
+-- name: idempotency_claim :exec
+-- Inside the send's transaction: a concurrent request with the same key waits here until
+-- this transaction ends, then finds the committed record (or inserts, if this one rolled back).
+INSERT INTO {schema}.idempotency (token_id, idem_key, fingerprint, status)
+VALUES (%(token_id)s, %(idem_key)s, %(fingerprint)s, 0)
+ON CONFLICT (token_id, idem_key) DO NOTHING;
+
+-- name: idempotency_get :one
+SELECT fingerprint, status, response FROM {schema}.idempotency
+WHERE token_id = %(token_id)s AND idem_key = %(idem_key)s;
+
+-- name: idempotency_finish :exec
+UPDATE {schema}.idempotency SET status = %(status)s, response = %(response)s
+WHERE token_id = %(token_id)s AND idem_key = %(idem_key)s;
+
+-- name: idempotency_expire :exec
+DELETE FROM {schema}.idempotency
+WHERE created_at < statement_timestamp() - make_interval(secs => %(older_than_s)s);

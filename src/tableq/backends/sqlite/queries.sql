@@ -4,6 +4,20 @@
 -- No SKIP LOCKED: SQLite has one writer at a time, and every writing transaction here starts
 -- with BEGIN IMMEDIATE, so nobody else holds these rows.
 
+-- name: session_journal_wal :exec
+-- Every connection, as it opens: readers do not block the writer, nor the writer readers.
+PRAGMA journal_mode=WAL;
+
+-- name: session_synchronous_full :exec
+-- PRAGMA takes no parameters, so each allowed synchronous= level is its own query.
+PRAGMA synchronous=FULL;
+
+-- name: session_synchronous_normal :exec
+PRAGMA synchronous=NORMAL;
+
+-- name: session_synchronous_extra :exec
+PRAGMA synchronous=EXTRA;
+
 -- name: tx_begin_write :exec
 -- Takes the write lock up front: a deferred transaction that reads and then writes can fail
 -- at once with SQLITE_BUSY_SNAPSHOT, without waiting for busy_timeout.
@@ -33,8 +47,20 @@ VALUES (:version, :name, (julianday('now') - 2440587.5) * 86400.0);
 -- name: clock_now :one
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
+-- name: test_clock_create :exec
+-- Tests only (connect(test_clock=True)): the backend then reads "now" from this row instead
+-- of SQLite's clock, so the time stands still until a test moves it. Production queries
+-- never name this table.
+CREATE TABLE IF NOT EXISTS {p}test_clock (one INTEGER PRIMARY KEY CHECK (one = 1), clock REAL NOT NULL);
+
+-- name: test_clock_init :exec
+INSERT OR IGNORE INTO {p}test_clock (one, clock) VALUES (1, (julianday('now') - 2440587.5) * 86400.0);
+
+-- name: test_clock_advance :exec
+UPDATE {p}test_clock SET clock = clock + :by_s;
+
 -- name: last_insert_id :one
-SELECT last_insert_rowid();
+SELECT last_insert_rowid() AS id;
 
 -- name: message_insert :exec
 INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
@@ -63,8 +89,11 @@ ORDER BY priority DESC, available_at, id
 LIMIT :max;
 
 -- name: message_lease :many
+-- Only the ids in :charged are charged an attempt now (a worker charges its prefetched
+-- messages later, when their handlers start).
 UPDATE {p}message
-SET lease = COALESCE(:lease, lower(hex(randomblob(16)))), attempts = attempts + 1,
+SET lease = COALESCE(:lease, lower(hex(randomblob(16)))),
+    attempts = attempts + (id IN (SELECT value FROM json_each(:charged))),
     received_at = (julianday('now') - 2440587.5) * 86400.0,
     available_at = (julianday('now') - 2440587.5) * 86400.0 + :vt
 WHERE id IN (SELECT value FROM json_each(:ids))
@@ -113,6 +142,14 @@ SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s,
     progress = COALESCE(:progress, progress)
 WHERE id = :id AND lease = :lease
 RETURNING available_at;
+
+-- name: message_charge :many
+-- A worker's prefetched message, charged its attempt as its handler starts; the lease is
+-- extended in the same statement, so the handler starts on a full, confirmed lease.
+UPDATE {p}message
+SET attempts = attempts + 1, available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
+WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs))
+RETURNING id, attempts, available_at;
 
 -- name: message_extend_many :many
 UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
@@ -228,6 +265,15 @@ UPDATE {p}load_job SET state = 'open', created_at = (julianday('now') - 2440587.
     finished_at = NULL
 WHERE job = :job AND state = 'aborted';
 
+-- name: load_job_share :one
+-- The staging transaction already holds SQLite's one write lock (BEGIN IMMEDIATE), which is
+-- what the server databases take a shared row lock for.
+SELECT state FROM {p}load_job WHERE job = :job;
+
+-- name: load_job_lock :one
+-- A commit or discard holds the write lock already; the job's row exists (load_job_open).
+SELECT state FROM {p}load_job WHERE job = :job;
+
 -- name: load_job_state :one
 SELECT state FROM {p}load_job WHERE job = :job;
 
@@ -307,3 +353,53 @@ DELETE FROM {p}dead WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: history_delete_done :exec
 DELETE FROM {p}done WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- --- tableq doctor: read-only facts about the database file (judged in tableq.doctor) -------
+
+-- name: doctor_durability :one
+-- synchronous is per connection (0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA): this is what tableq's own
+-- connections use (connect(..., synchronous=...), FULL by default).
+SELECT s.synchronous AS synchronous, j.journal_mode AS journal_mode
+FROM pragma_synchronous() AS s, pragma_journal_mode() AS j;
+
+-- --- access tokens and idempotency records of the HTTP server ------------------------------
+
+-- name: token_insert :exec
+INSERT INTO {p}token (id, secret_sha256, role, topics, name, access_key, sqs_secret,
+                      created_at, expires_at)
+VALUES (:id, :secret_sha256, :role, :topics, :name, :access_key, :sqs_secret,
+        (julianday('now') - 2440587.5) * 86400.0,
+        (julianday('now') - 2440587.5) * 86400.0 + :expires_in_s);
+
+-- name: token_by_secret :one
+SELECT *, (julianday('now') - 2440587.5) * 86400.0 AS db_now FROM {p}token
+WHERE secret_sha256 = :secret_sha256;
+
+-- name: token_by_access_key :one
+SELECT *, (julianday('now') - 2440587.5) * 86400.0 AS db_now FROM {p}token
+WHERE access_key = :access_key;
+
+-- name: token_list :many
+SELECT *, (julianday('now') - 2440587.5) * 86400.0 AS db_now FROM {p}token
+ORDER BY created_at, id;
+
+-- name: token_revoke :exec
+UPDATE {p}token SET revoked_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :id AND revoked_at IS NULL;
+
+-- name: idempotency_claim :exec
+-- Runs inside the send's transaction; BEGIN IMMEDIATE already serialises writers here.
+INSERT OR IGNORE INTO {p}idempotency (token_id, idem_key, fingerprint, status, created_at)
+VALUES (:token_id, :idem_key, :fingerprint, 0, (julianday('now') - 2440587.5) * 86400.0);
+
+-- name: idempotency_get :one
+SELECT fingerprint, status, response FROM {p}idempotency
+WHERE token_id = :token_id AND idem_key = :idem_key;
+
+-- name: idempotency_finish :exec
+UPDATE {p}idempotency SET status = :status, response = :response
+WHERE token_id = :token_id AND idem_key = :idem_key;
+
+-- name: idempotency_expire :exec
+DELETE FROM {p}idempotency
+WHERE created_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than_s;

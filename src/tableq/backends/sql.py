@@ -1,0 +1,565 @@
+"""The one SQL backend: running statements, retries, transactions, row shaping, and every
+operation that is "run a named query and reshape its rows", written once for every dialect.
+
+A dialect (postgres/, mysql/, sqlite/) subclasses SqlBackend and supplies only what differs:
+its driver, pool and map_errors, how a cursor runs one statement (_all, _one, _exec), how
+values cross (times in and out, durations, id and (id, lease) lists), its named queries, and
+the few operations whose algorithm really differs on that database. The statements
+themselves live in the dialect's queries.sql; this module holds no SQL."""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import Any, ClassVar, TypeVar
+
+from tableq.backends._pool import Pool
+from tableq.backends._queries import Migration, Queries, apply_pending
+from tableq.backends.base import (
+    RETRY_ATTEMPTS,
+    Backend,
+    ClaimResult,
+    ClaimSpec,
+    Filter,
+    GroupLease,
+    NewMessage,
+    PayloadBatch,
+    Row,
+    applied_versions,
+    as_rows,
+    chunks,
+    compile_filter,
+    dead_row_values,
+    idempotency_record,
+    merge_stats,
+    retrying,
+    shape_row,
+    token_record,
+)
+from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
+from tableq.tokens import IdempotencyRecord, NewToken, TokenRecord
+
+T = TypeVar("T")
+Cursor = Any  # the dialect's cursor (or, for sqlite3, its connection)
+Params = dict[str, Any]
+
+# Columns some dialects' claim or look-up queries add for their own use; never in a row.
+_HELPER_COLUMNS = ("due_priority", "due_at", "buried", "db_now")
+
+
+class SqlBackend(Backend):
+    """A Backend over one SQL database. `run(fn)` is the only way statements reach the
+    database: fn gets a cursor, and runs inside the caller's transaction (conn=...), or in a
+    fresh pooled connection retried on transient conflicts."""
+
+    Q: Queries
+    pool: Pool
+    test_clock: bool = False
+    # How many times a short transaction is tried on a transient conflict.
+    retry_attempts: ClassVar[int] = RETRY_ATTEMPTS
+    # (id, lease) pairs per statement for charge / extend_many; None: all in one.
+    refs_per_statement: ClassVar[int | None] = None
+    # The driver's connection class and its name in messages (check_connection).
+    connection_type: ClassVar[type]
+    connection_name: ClassVar[str]
+    # How the receive filter names the key column, binds a value, and compares one JSON field.
+    key_column: ClassVar[str] = "key"
+
+    # --- what a dialect supplies --------------------------------------------------------------
+
+    @abstractmethod
+    def map_errors(self) -> AbstractContextManager[None]:
+        """The dialect's one error boundary: driver exceptions -> tableq errors."""
+
+    @abstractmethod
+    def _attempt(self, fn: Callable[[Cursor], T], *, tx: bool, write: bool) -> T:
+        """One try of fn on a pooled connection: in a transaction when tx (or, where the
+        database needs it, when write), else statement by statement."""
+
+    @abstractmethod
+    def _cursor(self, conn: Any) -> AbstractContextManager[Cursor]:
+        """A cursor on a connection the caller owns (its transaction)."""
+
+    @abstractmethod
+    def _all(self, cur: Cursor, query: str, params: Params | None = None) -> list[Row]: ...
+    @abstractmethod
+    def _one(self, cur: Cursor, query: str, params: Params | None = None) -> Row | None: ...
+    @abstractmethod
+    def _exec(self, cur: Cursor, query: str, params: Params | None = None) -> int:
+        """Runs a statement; returns the rows it changed."""
+
+    @abstractmethod
+    def _to_time(self, value: Any) -> datetime:
+        """A time read from the database as an aware UTC datetime."""
+
+    @abstractmethod
+    def _db_time(self, value: datetime | None) -> Any:
+        """An aware datetime (or None) as this database's time parameter."""
+
+    def _span(self, name: str, seconds: float | None) -> Params:
+        """A duration parameter `name` in this dialect's unit (seconds unless overridden)."""
+        return {f"{name}_s": None if seconds is None else float(seconds)}
+
+    def _loads(self, value: Any) -> Any:
+        """A JSON column's value as Python (drivers that decode JSON override this)."""
+        return json.loads(value) if value is not None else None
+
+    @abstractmethod
+    def _ids(self, ids: Sequence[int]) -> Any:
+        """A list of ids as one parameter."""
+
+    def _some_ids(self, ids: Sequence[int] | None) -> Params:
+        """{"ids": ...} for "these ids, or all (None)" filters."""
+        return {"ids": None if ids is None else self._ids(ids)}
+
+    @abstractmethod
+    def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
+        """(id, lease) pairs as parameters."""
+
+    @abstractmethod
+    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
+        """The SQL comparing one top-level JSON field of the payload (bound values only)."""
+
+    @abstractmethod
+    def _param(self, name: str) -> str:
+        """A named parameter in the driver's style."""
+
+    @abstractmethod
+    def _locked(self, fn: Callable[[Cursor], T]) -> T:
+        """Runs fn holding the migration lock, with the migration ledger in place."""
+
+    @abstractmethod
+    def _migration_files(self) -> list[Migration]:
+        """The migrations this code ships, ready to run on this server."""
+
+    # --- running statements -------------------------------------------------------------------
+
+    def run(self, fn: Callable[[Cursor], T], conn: Any = None, *, tx: bool = False,
+            write: bool = True) -> T:
+        """fn(cursor) in the caller's transaction (no BEGIN, no COMMIT, no retry), or in its
+        own short one, retried on transient conflicts. tx: several statements that must
+        commit together; write=False: it only reads (no write lock where that matters)."""
+        if conn is not None:
+            with self.map_errors(), self._cursor(conn) as cur:
+                return fn(cur)
+        return retrying(lambda: self._attempt(fn, tx=tx, write=write),
+                        attempts=self.retry_attempts)
+
+    def _run(self, fn: Callable[[Cursor], T], conn: Any = None, *, tx: bool = False) -> T:
+        """run(): the name tests and older callers use."""
+        return self.run(fn, conn, tx=tx)
+
+    def _value(self, cur: Cursor, query: str, params: Params | None, column: str) -> Any:
+        """One column of the one row a statement returns (it must return one)."""
+        found = self._one(cur, query, params)
+        if found is None:
+            raise AssertionError(f"a query that returns one row returned none ({column})")
+        return found[column]
+
+    def _read_all(self, query: str, params: Params | None = None) -> list[Row]:
+        return self.run(lambda cur: self._all(cur, query, params), write=False)
+
+    def _read_one(self, query: str, params: Params | None = None) -> Row | None:
+        return self.run(lambda cur: self._one(cur, query, params), write=False)
+
+    def _change(self, query: str, params: Params | None = None, conn: Any = None) -> int:
+        return self.run(lambda cur: self._exec(cur, query, params), conn)
+
+    def _shaped(self, query: str, params: Params) -> list[Row]:
+        return [self._row(r) for r in self._read_all(query, params)]
+
+    def _row(self, raw: Any) -> Row:
+        row = shape_row(raw, self._to_time, self._loads)
+        for name in _HELPER_COLUMNS:
+            row.pop(name, None)
+        return row  # a claimed row keeps "charged" (ClaimSpec.charge)
+
+    def _filtered(self, query: str, where: Filter | None) -> tuple[str, Params]:
+        """The query with the receive filter at its /*filter*/ point (see _queries.py)."""
+        clause, params = compile_filter(where, param=self._param, key_column=self.key_column,
+                                        field_clause=self._field_clause)
+        return self.Q.with_filter(query, clause), params
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def check_connection(self, conn: Any) -> None:
+        if not isinstance(conn, self.connection_type):
+            raise InvalidArgument(
+                f"connection= must be an open {self.connection_name}, not {type(conn).__name__}")
+
+    def now(self) -> datetime:
+        return self._to_time(self.run(lambda cur: self._value(cur, self.Q.clock_now, None, "now"),
+                                      write=False))
+
+    def advance_clock(self, seconds: float) -> None:
+        if not self.test_clock:
+            super().advance_clock(seconds)
+        self._change(self.Q.test_clock_advance, self._span("by", seconds))
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self.pool.connection() as conn:
+            retrying(lambda: self._guarded(self._begin, conn), attempts=self.retry_attempts)
+            try:
+                yield conn
+            except BaseException:
+                self._guarded(self._rollback, conn)
+                raise
+            self._guarded(self._commit, conn)
+
+    def _guarded(self, step: Callable[[Any], None], conn: Any) -> None:
+        with self.map_errors():
+            step(conn)
+
+    def _begin(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def _commit(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def _rollback(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    # --- migrations ---------------------------------------------------------------------------
+
+    def _versions(self, cur: Cursor) -> set[int]:
+        return {int(r["version"]) for r in self._all(cur, self.Q.migration_versions)}
+
+    def schema_version(self) -> int:
+        return max(self._locked(self._versions), default=0)
+
+    def migrate(self) -> list[int]:
+        migrations = self._migration_files()
+
+        def run(cur: Cursor) -> list[int]:
+            applied = apply_pending(migrations, self._versions(cur),
+                                    lambda sql, p=None: self._exec(cur, sql, p),
+                                    self.Q.migration_record)
+            if self.test_clock:
+                self._exec(cur, self.Q.test_clock_create)
+                self._exec(cur, self.Q.test_clock_init)
+            return applied
+        return self._locked(run)
+
+    def applied_migrations(self) -> set[int]:
+        return self.run(self._versions, write=False)
+
+    def known_migrations(self) -> set[int]:
+        return {m.version for m in self._migration_files()}
+
+    def _schema_facts(self) -> dict[str, Any]:
+        return {"applied": applied_versions(lambda: sorted(self.applied_migrations())),
+                "known": sorted(self.known_migrations())}
+
+    # --- sending: the keyed / plain flush (dialects with one insert per key) ---------------
+
+    def insert(self, rows: Sequence[NewMessage], on_duplicate: str,
+               conn: Any = None) -> list[tuple[int, str]]:
+        """Unkeyed rows are inserted in runs (nothing can conflict); a keyed row is inserted
+        alone, with its duplicate policy. Order is kept."""
+        def run(cur: Cursor) -> list[tuple[int, str]]:
+            out: list[tuple[int, str]] = []
+            plain: list[NewMessage] = []
+
+            def flush() -> None:
+                if plain:
+                    out.extend((i, "sent") for i in self._insert_plain(cur, plain))
+                    plain.clear()
+
+            for m in rows:
+                if m.key is None:
+                    plain.append(m)
+                    continue
+                flush()
+                out.append(self._insert_keyed(cur, m, on_duplicate))
+            flush()
+            return out
+        return self.run(run, conn, tx=len(rows) > 1)
+
+    def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
+        raise NotImplementedError
+
+    def _insert_keyed(self, cur: Cursor, m: NewMessage, on_duplicate: str) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def _message_params(self, m: NewMessage) -> Params:
+        return {"topic": m.topic, "key": m.key, "kind": m.kind, "payload": m.json_text,
+                "payload_bytes": m.data, "headers": m.headers_json, "priority": m.priority,
+                "at": self._db_time(m.at), **self._span("delay", m.delay_s)}
+
+    # --- receiving: select due, bury the spent, lease the rest (dialects without one
+    # claiming statement) ----------------------------------------------------------------
+
+    def _due(self, cur: Cursor, spec: ClaimSpec) -> list[Row]:
+        sql, params = self._filtered(self.Q.message_due, spec.where)
+        return self._all(cur, sql, {**params, "topic": spec.topic, "max": spec.max})
+
+    def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
+        def run(cur: Cursor) -> ClaimResult:
+            due = self._due(cur, spec)
+            spent = [r["id"] for r in due if r["attempts"] >= spec.max_attempts]
+            live = [r for r in due if r["attempts"] < spec.max_attempts]
+            if spent:
+                self._exec(cur, self.Q.message_bury_ids, {"ids": self._ids(spent)})
+                self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids(spent)})
+            if not live:
+                return ClaimResult([], len(spent))
+            flags = [spec.charges(i, r["attempts"]) for i, r in enumerate(live)]
+            rows = self._lease(cur, spec, live, flags)
+            if spec.ids_only:
+                return ClaimResult([{"id": r["id"]} for r in live], len(spent))
+            for row, charged in zip(rows, flags, strict=True):
+                row["charged"] = charged
+            return ClaimResult(rows, len(spent))
+        return self.run(run, conn, tx=True)
+
+    def _lease(self, cur: Cursor, spec: ClaimSpec, live: list[Row],
+               flags: list[bool]) -> list[Row]:
+        """Leases the live due rows (charging those flagged); returns them shaped, in order."""
+        raise NotImplementedError
+
+    def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
+        def run(cur: Cursor) -> ClaimResult:
+            due = self._due(cur, spec)
+            rows = self._take(cur, due) if due else []
+            for r in rows:  # it counts as received once
+                r["attempts"] += 1
+            return ClaimResult(rows, 0)
+        return self.run(run, tx=True)
+
+    def _take(self, cur: Cursor, due: list[Row]) -> list[Row]:
+        """Removes the due rows; returns them shaped, in order."""
+        raise NotImplementedError
+
+    # --- settling -----------------------------------------------------------------------------
+
+    def release(self, msg_id: int, lease: str, delay_s: float, error: str | None,
+                penalty: bool, conn: Any = None) -> bool:
+        params = {"id": msg_id, "lease": lease, "error": error, "refund": 0 if penalty else 1,
+                  **self._span("delay", delay_s)}
+        return self._change(self.Q.message_release, params, conn) > 0
+
+    def extend(self, msg_id: int, lease: str, extend_s: float,
+               progress_json: str | None) -> datetime | None:
+        params = {"id": msg_id, "lease": lease, "progress": progress_json,
+                  **self._span("extend", extend_s)}
+        found = self.run(lambda cur: self._one(cur, self.Q.message_extend, params))
+        return self._to_time(found["available_at"]) if found else None
+
+    def _ref_parts(self, refs: Sequence[tuple[int, str]]) -> Iterator[Sequence[tuple[int, str]]]:
+        if self.refs_per_statement is None:
+            yield refs
+        else:
+            yield from chunks(refs, self.refs_per_statement)
+
+    def charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+               ) -> dict[int, tuple[int, datetime]]:
+        def run(cur: Cursor) -> dict[int, tuple[int, datetime]]:
+            out: dict[int, tuple[int, datetime]] = {}
+            for part in self._ref_parts(refs):
+                p = {**self._refs(part), **self._span("extend", extend_s)}
+                out.update((r["id"], (r["attempts"], self._to_time(r["available_at"])))
+                           for r in self._all(cur, self.Q.message_charge, p))
+            return out
+        return self.run(run)
+
+    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
+                    ) -> dict[int, datetime]:
+        def run(cur: Cursor) -> dict[int, datetime]:
+            out: dict[int, datetime] = {}
+            for part in self._ref_parts(refs):
+                p = {**self._refs(part), **self._span("extend", extend_s)}
+                out.update((r["id"], self._to_time(r["available_at"]))
+                           for r in self._all(cur, self.Q.message_extend_many, p))
+            return out
+        return self.run(run)
+
+    def bury_taken(self, row: Row, error: str) -> None:
+        self._change(self.Q.dead_insert, {**dead_row_values(row, self._db_time), "error": error})
+
+    def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
+        return {r["id"] for r in self._read_all(self.Q.done_match, self._refs(refs))}
+
+    # --- looking ------------------------------------------------------------------------------
+
+    def peek(self, topic: str, limit: int) -> list[Row]:
+        return self._shaped(self.Q.message_peek, {"topic": topic, "limit": limit})
+
+    def get(self, msg_id: int) -> Row | None:
+        rows = self._shaped(self.Q.message_get, {"id": msg_id})
+        return rows[0] if rows else None
+
+    def topics(self) -> list[str]:
+        return [r["topic"] for r in self._read_all(self.Q.message_topics)]
+
+    def stats(self, topic: str | None) -> list[Row]:
+        def run(cur: Cursor) -> list[Row]:
+            p = {"topic": topic}
+            live = {r["topic"]: r for r in self._all(cur, self.Q.message_stats, p)}
+            dead = {r["topic"]: r["dead"] for r in self._all(cur, self.Q.dead_stats, p)}
+            done = {r["topic"]: r["done"] for r in self._all(cur, self.Q.done_stats, p)}
+            return merge_stats(live, dead, done)
+        # One read transaction so the three counts agree with each other.
+        return self.run(run, tx=True, write=False)
+
+    def purge(self, topic: str) -> int:
+        return self._change(self.Q.message_purge, {"topic": topic})
+
+    # --- dead letters -------------------------------------------------------------------------
+
+    def dead_list(self, topic: str, limit: int) -> list[Row]:
+        return self._shaped(self.Q.dead_list, {"topic": topic, "limit": limit})
+
+    def dead_purge(self, topic: str, ids: Sequence[int] | None) -> int:
+        return self._change(self.Q.dead_purge, {"topic": topic, **self._some_ids(ids)})
+
+    # --- group leases -------------------------------------------------------------------------
+
+    def lease_rows(self, group: GroupLease) -> list[Row]:
+        return self._shaped(self.Q.lease_rows, group.params())
+
+    def lease_extend(self, group: GroupLease, extend_s: float) -> int:
+        return self._change(self.Q.lease_extend,
+                            {**group.params(), **self._span("extend", extend_s)})
+
+    # --- staged loads: the job row, then the dialect's rows (dialects with a stage table
+    # for every row) -----------------------------------------------------------------------
+
+    def stage(self, job: str, part: int, batch: Sequence[NewMessage] | PayloadBatch) -> int:
+        rows = as_rows(batch)
+
+        def run(cur: Cursor) -> int:
+            p = {"job": job}
+            self._exec(cur, self.Q.load_job_open, p)
+            self._exec(cur, self.Q.load_job_reopen, p)
+            state = self._one(cur, self.Q.load_job_share, p)
+            if state is not None and state["state"] == "committed":
+                return 0  # a replayed or late task of a finished load: it was published once
+            self._stage_rows(cur, job, part, rows)
+            return len(rows)
+        return self.run(run, tx=True)
+
+    def _stage_rows(self, cur: Cursor, job: str, part: int, rows: Sequence[NewMessage]) -> None:
+        raise NotImplementedError
+
+    def _stage_params(self, job: str, part: int, m: NewMessage) -> Params:
+        return {**self._message_params(m), "job": job, "part": part}
+
+    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+                expected: int | None = None) -> int | None:
+        query = self.Q.stage_publish_replace if on_duplicate == "replace" else self.Q.stage_publish
+
+        def run(cur: Cursor) -> int | None:
+            if self._job_lock(cur, job) == "committed":
+                self._exec(cur, self.Q.stage_delete_job, {"job": job})
+                return None
+            p = {"job": job, "parts": self._ids(parts)}
+            staged = int(self._value(cur, self.Q.stage_count, p, "n"))
+            if expected is not None and staged != expected:
+                raise LoadIncomplete(job, expected, staged)
+            n = self._publish_rows(cur, query, p, staged, on_duplicate)
+            self._exec(cur, self.Q.stage_delete_job, {"job": job})
+            self._exec(cur, self.Q.load_job_finish, {"job": job, "state": "committed", "rows": n})
+            return n
+        return self.run(run, tx=True)
+
+    def _publish_rows(self, cur: Cursor, query: str, p: Params, staged: int,
+                      on_duplicate: str) -> int:
+        return self._exec(cur, query, p)
+
+    def _job_lock(self, cur: Cursor, job: str) -> str:
+        """Locks the load job's row (creating it open) and returns its state."""
+        self._exec(cur, self.Q.load_job_open, {"job": job})
+        return str(self._value(cur, self.Q.load_job_lock, {"job": job}, "state"))
+
+    def discard(self, job: str) -> int:
+        def run(cur: Cursor) -> int:
+            state = self._job_lock(cur, job)
+            n = self._discard_rows(cur, job)
+            if state != "committed":
+                self._exec(cur, self.Q.load_job_finish, {"job": job, "state": "aborted",
+                                                         "rows": 0})
+            return n
+        return self.run(run, tx=True)
+
+    def _discard_rows(self, cur: Cursor, job: str) -> int:
+        return self._exec(cur, self.Q.stage_delete_job, {"job": job})
+
+    def stage_cleanup(self, older_than_s: float) -> int:
+        jobs = [r["job"] for r in self._read_all(self.Q.stage_stale_jobs,
+                                                 self._span("older_than", older_than_s))]
+        return sum(self.discard(job) for job in jobs)
+
+    def job_state(self, job: str) -> str | None:
+        found = self._read_one(self.Q.load_job_state, {"job": job})
+        return str(found["state"]) if found else None
+
+    # --- history ------------------------------------------------------------------------------
+
+    def history_bounds(self, source: str, topic: str | None) -> tuple[int, int] | None:
+        found = self._read_one(getattr(self.Q, f"history_bounds_{source}"), {"topic": topic})
+        return None if not found or found["lo"] is None else (found["lo"], found["hi"])
+
+    def history_rows(self, source: str, topic: str | None, lo: int, hi: int,
+                     before: datetime | None) -> list[Row]:
+        return self._shaped(getattr(self.Q, f"history_rows_{source}"),
+                            {"topic": topic, "lo": lo, "hi": hi, "before": self._db_time(before)})
+
+    def history_delete(self, source: str, ids: Sequence[int]) -> int:
+        if not ids:
+            return 0
+        q = self.Q.history_delete_dead if source == "dead" else self.Q.history_delete_done
+        return self._change(q, {"ids": self._ids(ids)})
+
+    # --- access tokens and idempotency records (HTTP server) ------------------------------
+
+    def token_insert(self, token: NewToken) -> None:
+        self._change(self.Q.token_insert, {
+            "id": token.id, "secret_sha256": token.secret_sha256, "role": token.role,
+            "topics": json.dumps(list(token.topics)), "name": token.name,
+            "access_key": token.access_key, "sqs_secret": token.sqs_secret,
+            **self._span("expires_in", token.expires_in_s)})
+
+    def token_find(self, *, secret_sha256: str | None = None,
+                   access_key: str | None = None) -> TokenRecord | None:
+        if secret_sha256 is not None:
+            raw = self._read_one(self.Q.token_by_secret, {"secret_sha256": secret_sha256})
+        else:
+            raw = self._read_one(self.Q.token_by_access_key, {"access_key": access_key})
+        return token_record(raw, self._to_time, self._loads) if raw is not None else None
+
+    def token_list(self) -> list[TokenRecord]:
+        return [token_record(r, self._to_time, self._loads)
+                for r in self._read_all(self.Q.token_list)]
+
+    def token_revoke(self, token_id: str) -> bool:
+        return self._change(self.Q.token_revoke, {"id": token_id}) == 1
+
+    def idempotency_claim(self, token_id: str, key: str, fingerprint: str,
+                          conn: Any) -> IdempotencyRecord | None:
+        p = {"token_id": token_id, "idem_key": key, "fingerprint": fingerprint}
+
+        def run(cur: Cursor) -> IdempotencyRecord | None:
+            if self._exec(cur, self.Q.idempotency_claim, p) == 1:
+                return None
+            return idempotency_record(self._one(cur, self.Q.idempotency_get, p))
+        return self.run(run, conn)
+
+    def idempotency_finish(self, token_id: str, key: str, status: int, response: str,
+                           conn: Any) -> None:
+        self._change(self.Q.idempotency_finish, {"token_id": token_id, "idem_key": key,
+                                                 "status": status, "response": response}, conn)
+
+    def idempotency_expire(self, older_than_s: float) -> int:
+        return self._change(self.Q.idempotency_expire, self._span("older_than", older_than_s))
+
+
+def duplicate_from(found: Row | None, m: NewMessage) -> DuplicateMessage:
+    """The DuplicateMessage for a keyed row that met a live one (found: its id, if read)."""
+    return DuplicateMessage(m.topic, m.key, found["id"] if found else None)
