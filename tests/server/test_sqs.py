@@ -1,0 +1,229 @@
+"""The SQS endpoint with unmodified SQS clients (boto3 and the aws CLI) pointed at a running
+server, on every backend: the round trip with long polling and visibility changes, stale
+receipt handles, signatures, scopes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions
+import pytest
+
+from tableq.testing import wait_until
+from tests.server.conftest import Server
+
+
+def sqs_client(server: Server, key: str, secret: str, region: str = "eu-west-3") -> Any:
+    return boto3.client(
+        "sqs", endpoint_url=f"{server.url}/sqs", region_name=region,
+        aws_access_key_id=key, aws_secret_access_key=secret,
+        config=botocore.config.Config(retries={"max_attempts": 1}, read_timeout=40))
+
+
+@pytest.fixture
+def sqs(server: Server) -> Any:
+    issued = server.issue("admin", ["*"], sqs=True)
+    return sqs_client(server, issued.record.access_key, issued.sqs_secret)  # type: ignore[arg-type]
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return exc.response["Error"]["Code"]
+
+
+def test_boto3_round_trip(server: Server, sqs: Any) -> None:
+    url = sqs.create_queue(QueueName="orders")["QueueUrl"]
+    assert url == f"{server.url}/sqs/000000000000/orders"
+    assert sqs.get_queue_url(QueueName="orders")["QueueUrl"] == url
+    sent = sqs.send_message(QueueUrl=url, MessageBody='{"order": 1}',
+                            MessageAttributes={"trace": {"DataType": "String",
+                                                         "StringValue": "t-1"},
+                                               "n": {"DataType": "Number",
+                                                     "StringValue": "7"}})
+    assert sent["MD5OfMessageBody"] == hashlib.md5(b'{"order": 1}').hexdigest()
+    assert len(sent["MD5OfMessageAttributes"]) == 32 and sent["MessageId"].isdigit()
+    batch = sqs.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": "a", "MessageBody": "second", "MessageDeduplicationId": "k1"},
+        {"Id": "b", "MessageBody": "later", "DelaySeconds": 600},
+        {"Id": "c", "MessageBody": "dup", "MessageDeduplicationId": "k1"},
+        {"Id": "d", "MessageBody": ""}])
+    assert [s["Id"] for s in batch["Successful"]] == ["a", "b", "c"]
+    assert batch["Successful"][0]["MessageId"] == batch["Successful"][2]["MessageId"]
+    assert [(f["Id"], f["Code"]) for f in batch["Failed"]] == [("d", "MissingParameter")]
+    assert sorted(sqs.list_queues(QueueNamePrefix="ord")["QueueUrls"]) == [url]
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (attrs["ApproximateNumberOfMessages"], attrs["ApproximateNumberOfMessagesDelayed"],
+            attrs["ApproximateNumberOfMessagesNotVisible"]) == ("2", "1", "0")
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60,
+                              MessageAttributeNames=["All"], AttributeNames=["All"])
+    msgs = got["Messages"]
+    assert [m["Body"] for m in msgs] == ['{"order": 1}', "second"]
+    first = msgs[0]
+    assert first["MessageAttributes"]["trace"] == {"DataType": "String", "StringValue": "t-1"}
+    assert first["MessageAttributes"]["n"]["DataType"] == "Number"
+    assert first["Attributes"]["ApproximateReceiveCount"] == "1"
+    assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessagesNotVisible"])["Attributes"] == {
+        "ApproximateNumberOfMessagesNotVisible": "2"}
+    # Visibility: extend one, give the other back at once.
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"],
+                                  VisibilityTimeout=300)
+    assert server.queue.get(int(first["MessageId"])).available_at > server.queue.now()  # type: ignore[union-attr]
+    sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
+        {"Id": "x", "ReceiptHandle": msgs[1]["ReceiptHandle"], "VisibilityTimeout": 0}])
+    again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60,
+                                AttributeNames=["ApproximateReceiveCount"])["Messages"]
+    assert [(m["Body"], m["Attributes"]["ApproximateReceiveCount"]) for m in again] == [
+        ("second", "2")]
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
+    done = sqs.delete_message_batch(QueueUrl=url, Entries=[
+        {"Id": "1", "ReceiptHandle": again[0]["ReceiptHandle"]},
+        {"Id": "2", "ReceiptHandle": msgs[1]["ReceiptHandle"]}])  # stale: re-received since
+    assert [s["Id"] for s in done["Successful"]] == ["1"]
+    assert [(f["Id"], f["Code"]) for f in done["Failed"]] == [("2", "ReceiptHandleIsInvalid")]
+    stats = server.queue.stats("orders")[0]
+    assert (stats.ready, stats.in_flight, stats.scheduled) == (0, 0, 1)
+    sqs.purge_queue(QueueUrl=url)
+    assert server.queue.stats("orders")[0].live == 0
+
+
+def test_long_polling_and_stale_receipts(server: Server, sqs: Any) -> None:
+    url = sqs.create_queue(QueueName="lp")["QueueUrl"]
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages") is None
+    got: dict[str, Any] = {}
+
+    def poll() -> None:
+        started = time.monotonic()
+        got["r"] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=15)
+        got["s"] = time.monotonic() - started
+
+    t = threading.Thread(target=poll)
+    t.start()
+    wait_until(lambda: server.app.state.tableq.waiter._waiting.get("lp"), timeout=10)
+    server.queue.send("lp", "straight into the database")
+    t.join(20)
+    assert got["r"]["Messages"][0]["Body"] == "straight into the database"
+    assert got["s"] < 10
+    handle = got["r"]["Messages"][0]["ReceiptHandle"]
+    # Make the first receipt stale: its lease ends, another receive takes the message.
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=handle, VisibilityTimeout=0)
+    fresh = sqs.receive_message(QueueUrl=url)["Messages"][0]
+    for call in (lambda: sqs.delete_message(QueueUrl=url, ReceiptHandle=handle),
+                 lambda: sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=handle,
+                                                       VisibilityTimeout=30)):
+        with pytest.raises(botocore.exceptions.ClientError) as err:
+            call()
+        assert _code(err.value) == "ReceiptHandleIsInvalid"
+    with pytest.raises(botocore.exceptions.ClientError) as err:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle="not-a-handle")
+    assert _code(err.value) == "ReceiptHandleIsInvalid"
+    assert server.queue.stats("lp")[0].in_flight == 1
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=fresh["ReceiptHandle"])
+    assert server.queue.stats("lp")[0].live == 0
+
+
+def test_signatures_and_scopes(server: Server) -> None:
+    good = server.issue("consumer", ["mine.*"], sqs=True)
+    key, secret = good.record.access_key, good.sqs_secret
+    assert key and secret
+    server.queue.send("mine.a", "hello")
+    server.queue.send("theirs", "private")
+    base = f"{server.url}/sqs/000000000000/"
+    forged = sqs_client(server, key, secret[:-2] + "xx")
+    with pytest.raises(botocore.exceptions.ClientError) as err:
+        forged.receive_message(QueueUrl=base + "mine.a")
+    assert _code(err.value) == "SignatureDoesNotMatch"
+    unknown = sqs_client(server, "TQ" + "A" * 18, secret)
+    with pytest.raises(botocore.exceptions.ClientError) as err:
+        unknown.list_queues()
+    assert _code(err.value) == "InvalidClientTokenId"
+    c = sqs_client(server, key, secret, region="ap-south-1")  # any region signs
+    assert c.receive_message(QueueUrl=base + "mine.a")["Messages"][0]["Body"] == "hello"
+    assert [u.rsplit("/", 1)[1] for u in c.list_queues()["QueueUrls"]] == ["mine.a"]
+    for call in (lambda: c.receive_message(QueueUrl=base + "theirs"),
+                 lambda: c.send_message(QueueUrl=base + "mine.a", MessageBody="x"),
+                 lambda: c.purge_queue(QueueUrl=base + "mine.a")):
+        with pytest.raises(botocore.exceptions.ClientError) as err:
+            call()
+        assert _code(err.value) == "AccessDenied"
+    server.queue.revoke_token(good.record.id)
+    with pytest.raises(botocore.exceptions.ClientError) as err:
+        c.list_queues()
+    assert _code(err.value) == "InvalidClientTokenId"
+    assert server.queue.stats("theirs")[0].ready == 1
+    import httpx
+
+    r = httpx.post(f"{server.url}/sqs", headers={"X-Amz-Target": "AmazonSQS.ListQueues",
+                                                 "Content-Type": "application/x-amz-json-1.0"},
+                   content=b"{}")
+    assert r.status_code == 403 and json.loads(r.text)["__type"].endswith(
+        "MissingAuthenticationToken")
+
+
+def test_aws_cli_round_trip(server: Server) -> None:
+    issued = server.issue("admin", ["cli"], sqs=True)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": issued.record.access_key or "",
+           "AWS_SECRET_ACCESS_KEY": issued.sqs_secret or "", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    aws = [sys.executable, "-m", "awscli", "sqs", "--endpoint-url", f"{server.url}/sqs",
+           "--output", "json"]
+    url = f"{server.url}/sqs/000000000000/cli"
+
+    def run(*args: str) -> Any:
+        done = subprocess.run([*aws, *args], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout) if done.stdout.strip() else None
+
+    assert run("create-queue", "--queue-name", "cli")["QueueUrl"] == url
+    run("send-message", "--queue-url", url, "--message-body", "from the aws cli")
+    got = run("receive-message", "--queue-url", url, "--wait-time-seconds", "2")
+    assert got["Messages"][0]["Body"] == "from the aws cli"
+    run("delete-message", "--queue-url", url, "--receipt-handle",
+        got["Messages"][0]["ReceiptHandle"])
+    assert server.queue.stats("cli")[0].live == 0
+
+
+def test_malformed_fields_get_an_sqs_error(server: Server) -> None:
+    """Signed requests whose fields have the wrong JSON types (which boto3 would never send,
+    but other clients might) get InvalidParameterValue, not a 500, and change nothing."""
+    import botocore.auth
+    import botocore.awsrequest
+    import botocore.credentials
+    import httpx
+
+    issued = server.issue("admin", ["*"], sqs=True)
+    creds = botocore.credentials.Credentials(issued.record.access_key, issued.sqs_secret)
+    url = f"{server.url}/sqs/000000000000/bad"
+    server.queue.send("bad", "kept")
+
+    def call(op: str, body: dict[str, Any]) -> httpx.Response:
+        req = botocore.awsrequest.AWSRequest(
+            "POST", f"{server.url}/sqs", data=json.dumps(body).encode(),
+            headers={"X-Amz-Target": f"AmazonSQS.{op}",
+                     "Content-Type": "application/x-amz-json-1.0"})
+        botocore.auth.SigV4Auth(creds, "sqs", "eu-west-3").add_auth(req)
+        return httpx.post(req.url, headers=dict(req.headers.items()), content=req.body)
+
+    for op, body in [
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "x",
+                         "MessageAttributes": {"a": {"DataType": 5, "StringValue": "1"}}}),
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "x",
+                         "MessageAttributes": {"a": {"DataType": "String", "StringValue": 1}}}),
+        ("ReceiveMessage", {"QueueUrl": url, "AttributeNames": [{"a": 1}]}),
+        ("ReceiveMessage", {"QueueUrl": url, "MessageAttributeNames": "All"}),
+        ("GetQueueAttributes", {"QueueUrl": url, "AttributeNames": [1]}),
+    ]:
+        r = call(op, body)
+        assert r.status_code == 400, (op, body, r.text)
+        assert r.json()["__type"].endswith("InvalidParameterValue"), r.text
+    stats = server.queue.stats("bad")[0]
+    assert (stats.ready, stats.in_flight) == (1, 0)
