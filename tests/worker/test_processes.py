@@ -1,7 +1,8 @@
 """`tableq worker` as a real process, on every backend: kill -9 mid-batch loses nothing;
 SIGTERM releases prefetched messages with their attempts unchanged; a second signal exits
-at once; --processes N drains with several children. Effects are lines in a file written
-with O_APPEND at handler start, so a kill cannot erase them."""
+at once; --processes N drains with several children. Handler starts and finished work are
+lines in files written with O_APPEND, so a kill cannot erase them; a message counts as
+processed only when its work is done, never because its handler started."""
 
 from __future__ import annotations
 
@@ -71,9 +72,10 @@ def test_kill_9_mid_batch_loses_nothing(db_url, queue, tmp_path):
     finally:
         code, out = stop(final, log)
     assert code == 0, out
-    done = Counter(i for i, _ in effects(fx))
+    done = Counter(i for i, _ in effects(fx.with_name(fx.name + ".done")))
+    started = Counter(i for i, _ in effects(fx))
     lost = ids - set(done)
-    redelivered = sum(c - 1 for c in done.values())
+    redelivered = sum(c - 1 for c in started.values())
     assert not lost, f"lost {len(lost)} of {n}"
     assert set(done) <= ids  # nothing unexpected
     # Redelivered at most what the killed workers held.

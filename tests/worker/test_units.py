@@ -119,3 +119,90 @@ def test_event_lines_are_key_value(caplog):
     assert record.getMessage() == ('retried topic=emails id=4 attempts=2 delay_s=1.5 '
                                    'error="ValueError: no such user"')
     assert record.event == "retried" and record.fields["id"] == 4
+
+
+# --- outages: classification, retry delays, the health state, the outbox's rule -----------
+
+
+def test_outage_classification():
+    from tableq.errors import (
+        DatabaseBusy,
+        DatabaseError,
+        DatabaseTimeout,
+        DatabaseUnavailable,
+        LeaseLost,
+        StorageFull,
+    )
+    from tableq.worker.health import is_outage, public_kind
+
+    for exc in (DatabaseUnavailable("db", "refused"), DatabaseBusy("db", "locked"),
+                DatabaseTimeout("db", "cancelled", "wait"), StorageFull("db", "full")):
+        assert is_outage(exc)
+    for exc in (DatabaseError("bad SQL"), LeaseLost("t", 1), ValueError("x"), None):
+        assert not is_outage(exc)
+    from tableq.backends.base import TransientError
+
+    assert public_kind(TransientError("locked")) == "DatabaseBusy"
+
+
+def test_outage_retry_delay_doubles_with_jitter_and_caps():
+    from tableq.worker.health import RETRY_MAX_S, RETRY_MIN_S, retry_delay
+
+    rng = random.Random(3)
+    for attempt in range(40):
+        nominal = min(RETRY_MAX_S, RETRY_MIN_S * 2**attempt)
+        for _ in range(20):
+            assert nominal / 2 <= retry_delay(attempt, rng) <= nominal
+    assert retry_delay(10_000, rng) <= RETRY_MAX_S
+
+
+def test_health_logs_an_outage_once_and_a_blip_at_debug(caplog):
+    from tableq.errors import DatabaseError, DatabaseUnavailable
+    from tableq.worker import health as health_mod
+
+    recovered: list[int] = []
+    clock = [100.0]
+    h = health_mod.Health(clock=lambda: clock[0])
+    h.on_recovery(lambda: recovered.append(1))
+    with caplog.at_level(logging.DEBUG, logger="tableq.worker"):
+        assert not h.failed(DatabaseError("bad SQL"), "ack") and h.up
+        # A cut connection that heals at once: DEBUG only.
+        assert h.failed(DatabaseUnavailable("db", "reset"), "fetch") and not h.up
+        clock[0] += 0.05
+        h.ok()
+        assert h.up and h.blips == 1 and h.outages == 0
+        # An outage: many parts fail, one WARNING once it lasted; one INFO when it ends.
+        for during in ("fetch", "ack", "heartbeat", "ack", "start"):
+            assert h.failed(DatabaseUnavailable("db", "refused"), during)
+            clock[0] += 0.3
+        assert not h.wait_up(0)
+        h.ok()
+        h.ok()
+    lines = [(r.levelname, r.event) for r in caplog.records]  # type: ignore[attr-defined]
+    assert lines == [("DEBUG", "database_blip"), ("WARNING", "database_unreachable"),
+                     ("INFO", "database_reachable")]
+    first = [r for r in caplog.records if r.event == "database_unreachable"][0]
+    assert first.fields["during"] == "fetch"  # type: ignore[attr-defined]
+    assert h.outages == 1 and recovered == [1, 1]
+
+
+def test_not_held_verdicts():
+    from tableq.worker.completer import not_held_verdict
+
+    for action in ("ack", "nack", "dead_letter", "release"):
+        assert not_held_verdict(action, False, None) == "lost"  # no earlier try: lost
+        assert not_held_verdict(action, True, False) == "gone"  # the earlier try did it
+    assert not_held_verdict("ack", True, True) == "lost"  # live under someone else's lease
+    assert not_held_verdict("dead_letter", True, True) == "lost"
+    assert not_held_verdict("nack", True, True) == "done"  # asked for a redelivery anyway
+    assert not_held_verdict("release", True, True) == "done"
+
+
+def test_charge_window():
+    from tableq.worker.lane import CHARGE_AHEAD_S, FETCH_MAX, charge_window
+
+    assert charge_window(None) == 0  # not measured yet: only what starts now
+    assert charge_window(1.0) == 0  # slow jobs: never charged ahead
+    assert charge_window(CHARGE_AHEAD_S / 10) == 10
+    assert charge_window(0.5) == 0
+    assert charge_window(1e-9) == FETCH_MAX

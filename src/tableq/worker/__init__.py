@@ -6,7 +6,7 @@ from tableq.worker.app import App
 from tableq.worker.periodic import PeriodicJob
 from tableq.worker.poller import PollPolicy
 from tableq.worker.retry import Backoff
-from tableq.worker.runner import HandlerSpec, Worker, WorkerOptions
+from tableq.worker.runner import HandlerSpec, Worker, WorkerMode, WorkerOptions
 
 __all__ = ["App", "Backoff", "HandlerSpec", "PeriodicJob", "PollPolicy", "Worker",
-           "WorkerOptions"]
+           "WorkerMode", "WorkerOptions"]

@@ -7,18 +7,19 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from tableq.errors import ConfigurationError, InvalidArgument
+from tableq.message import OnDuplicate, SendResult
 from tableq.names import check_topic
 from tableq.queue import Queue, seconds
-from tableq.url import DEFAULT_URL
+from tableq.url import DEFAULT_URL, redact
 from tableq.worker.periodic import PeriodicJob
 from tableq.worker.poller import POLL_INTERVAL_MAX_S, POLL_INTERVAL_MIN_S, PollPolicy
 from tableq.worker.retry import Backoff
-from tableq.worker.runner import MODES, HandlerSpec, Worker, WorkerOptions
+from tableq.worker.runner import MODES, HandlerSpec, Worker, WorkerMode, WorkerOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_CONCURRENCY = 8
@@ -86,7 +87,7 @@ class App:
         self.periodic: dict[str, PeriodicJob] = {}
 
     def __repr__(self) -> str:
-        return f"<tableq.App {self.url!r} handlers={sorted(self.handlers)}>"
+        return f"<tableq.App {redact(self.url)!r} handlers={sorted(self.handlers)}>"
 
     # --- the database -----------------------------------------------------------------------
 
@@ -104,6 +105,16 @@ class App:
                                          "it is used")
             self._url = url
 
+    def use_queue(self, queue: Any) -> None:
+        """Runs the App on `queue` instead of its URL: a Queue, or any object with the
+        Queue methods a worker uses, such as tableq.client.Client (`tableq worker --api`).
+        Only before it connects."""
+        with self._lock:
+            if self._queue is not None:
+                raise ConfigurationError("this App is already connected; give it a queue "
+                                         "before it is used")
+            self._queue = queue
+
     @property
     def queue(self) -> Queue:
         """The App's Queue, connected on first use."""
@@ -120,9 +131,15 @@ class App:
                 self._queue.close()
                 self._queue = None
 
-    def send(self, topic: str, payload: Any, **options: Any) -> Any:
+    def send(self, topic: str, payload: Any, *, key: str | None = None,
+             kind: str | None = None, headers: Mapping[str, str] | None = None,
+             priority: int = 0, delay: float | timedelta | None = None,
+             at: datetime | None = None, on_duplicate: OnDuplicate = "ignore",
+             connection: Any = None) -> SendResult:
         """Shortcut for app.queue.send()."""
-        return self.queue.send(topic, payload, **options)
+        return self.queue.send(topic, payload, key=key, kind=kind, headers=headers,
+                               priority=priority, delay=delay, at=at,
+                               on_duplicate=on_duplicate, connection=connection)
 
     # --- registration ---------------------------------------------------------------------------
 
@@ -133,7 +150,7 @@ class App:
         max_attempts: int | None = None,
         visibility_timeout: float | timedelta | None = None,
         retry: Backoff | None = None,
-        mode: str = "at_least_once",
+        mode: WorkerMode = "at_least_once",
         concurrency: int | tuple[int, int] = DEFAULT_CONCURRENCY,
         timeout: float | timedelta | None = None,
     ) -> Callable[[F], F]:
@@ -204,6 +221,28 @@ class App:
             j.topic for j in self.periodic.values()]
         if chosen:
             q.peek(chosen[0], 1)
+
+    def _await_database(self, topics: Sequence[str] | None) -> None:
+        """check(), for a supervised child: its supervisor already checked, so an outage now
+        (a child replaced while the database is down) is waited out, logged once, instead of
+        exiting at once until the supervisor gives up on the crash loop."""
+        import random
+
+        from tableq.errors import TableqError
+        from tableq.worker.health import Health, retry_delay
+
+        health, rng, attempt = Health(), random.Random(), 0
+        while True:
+            try:
+                self.check(topics)
+            except TableqError as exc:
+                if not health.failed(exc, "start"):
+                    raise
+                health.wait_up(retry_delay(attempt, rng))
+                attempt += 1
+                continue
+            health.ok()
+            return
 
     def _specs(self, topics: Iterable[str] | None) -> list[HandlerSpec]:
         import dataclasses
@@ -287,7 +326,10 @@ class App:
                 return supervisor.ProcessChild(p)
             return supervisor.supervise(start, processes, burst=burst,
                                         install_signals=install_signals)
-        self.check(topics)
+        if os.environ.get(supervisor.PARENT_ENV):
+            self._await_database(topics)
+        else:
+            self.check(topics)
         worker = self.worker(topics, concurrency=concurrency, burst=burst, prefetch=prefetch,
                              grace_period=grace_period, exit_on_timeout=exit_on_timeout)
         supervisor.run_foreground(worker, install_signals=install_signals)

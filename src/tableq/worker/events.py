@@ -5,6 +5,7 @@ logging."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 logger = logging.getLogger("tableq.worker")
@@ -25,10 +26,16 @@ STOPPED = "worker_stopped"
 IDLE = "idle"  # DEBUG only
 
 
+# Control characters (ESC sequences, C1, bidi overrides) in a field, say an error text that
+# quotes a payload, must not reach the terminal or the log viewer that shows these lines.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
 def _fmt(value: Any) -> str:
     text = str(value)
-    if not text or any(c.isspace() or c in '"=' for c in text):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if not text or any(c.isspace() or c in '"=' for c in text) or _CONTROL.search(text):
+        text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return '"' + _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + '"'
     return text
 
 

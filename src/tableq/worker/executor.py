@@ -19,13 +19,15 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import asyncio
 
-Status = Literal["ok", "error", "timeout", "lease_lost"]
+# "outage": an exactly-once transaction failed because the database or the connection to it
+# did (the worker then asks the database whether the message is still held, see runner).
+Status = Literal["ok", "error", "timeout", "lease_lost", "outage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class Outcome:
     error: str | None = None
     duration_s: float = 0.0
     value: Any = None
+    exc: BaseException | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -137,4 +140,4 @@ def fn_result(value: Any, executor: Executor) -> Outcome | None:
 
 
 def _failed(exc: BaseException, start: float) -> Outcome:
-    return Outcome("error", describe(exc), time.monotonic() - start)
+    return Outcome("error", describe(exc), time.monotonic() - start, exc=exc)

@@ -1,22 +1,30 @@
 """Keeps leases alive: one thread extends the lease of every message this worker holds
 (running or fetched and waiting) a third of a visibility timeout before it would run out,
 all the leases due in one tick with one heartbeat_many per visibility timeout. Cadence comes
-from the monotonic clock; only the database decides expiry. Uses the Queue API only."""
+from the monotonic clock; only the database decides expiry. It also keeps, per message, a
+safe estimate of when the lease ends (the send time of the last statement that set it, plus
+the visibility timeout), so a handler is never started on a lease that may have run out.
+
+During an outage a failed beat is reported to the worker's Health (logged once per outage,
+not per beat) and tried again; the lease stays ours as long as nobody else received the
+message, however late the beat, since extending is fenced on the lease token only. When the
+database is back, every held lease is extended at once. Uses the Queue API only."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tableq.errors import TableqError
 from tableq.message import Message
 from tableq.queue import Queue
 from tableq.worker import events
+from tableq.worker.health import Health, first_line, retry_delay
 
 MIN_INTERVAL_S = 0.05
 # Leases due this soon ride along with the ones due now, so a fetched batch keeps beating
@@ -30,12 +38,17 @@ def heartbeat_interval(visibility_timeout_s: float) -> float:
     return max(MIN_INTERVAL_S, visibility_timeout_s / 3.0)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Held:
     msg: Message
     visibility_timeout_s: float
     on_lost: Callable[[Message], None] | None
+    until: float  # monotonic: the lease surely lasts until then
     lost: bool = False
+    # Its ack, nack or release is pending in the completer: if the row is gone, that
+    # settlement (whose reply may have been lost) reports the outcome, not a lost lease.
+    settling: bool = False
+    due_seq: int = -1  # the heap entry that is this message's current schedule
 
 
 def group_by_timeout(batch: list[_Held]) -> dict[float, list[_Held]]:
@@ -50,8 +63,11 @@ class Heartbeater:
     """Tracks held messages by id and extends their leases in batches, each on its own
     cadence."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, health: Health | None = None) -> None:
         self._queue = queue
+        self._health = health if health is not None else Health()
+        self._failures = 0  # beats failed in a row during an outage
+        self._rng = random.Random()
         self._held: dict[int, _Held] = {}
         # (due at, tie-breaker, held): an entry whose _Held was dropped or replaced is stale.
         self._due: list[tuple[float, int, _Held]] = []
@@ -60,13 +76,72 @@ class Heartbeater:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="tableq-heartbeat", daemon=True)
         self._thread.start()
+        self._health.on_recovery(self.beat_all_now)
 
     def hold(self, msg: Message, visibility_timeout_s: float,
-             on_lost: Callable[[Message], None] | None = None) -> None:
+             on_lost: Callable[[Message], None] | None = None,
+             since: float | None = None) -> None:
+        """Starts beating for msg. `since`: the monotonic time the receive was sent (its
+        lease lasts at least visibility_timeout_s from then)."""
+        start = time.monotonic() if since is None else since
         with self._cond:
-            held = _Held(msg, visibility_timeout_s, on_lost)
+            held = _Held(msg, visibility_timeout_s, on_lost, start + visibility_timeout_s)
             self._held[msg.id] = held
-            self._schedule(held, heartbeat_interval(visibility_timeout_s))
+            self._schedule(held, start + heartbeat_interval(visibility_timeout_s)
+                           - time.monotonic())
+            self._cond.notify()
+
+    def refresh(self, msg: Message, since: float) -> None:
+        """The lease was just set again by a statement sent at `since` (a charge)."""
+        with self._cond:
+            held = self._held.get(msg.id)
+            if held is not None and held.msg.lease == msg.lease:
+                held.msg = msg
+                held.until = max(held.until, since + held.visibility_timeout_s)
+
+    def settling(self, msg: Message) -> None:
+        """msg's settlement was handed to the completer; keep beating until it answers."""
+        # No lock: a dict read and a flag that only ever goes from False to True (once per
+        # message, on the hot path).
+        held = self._held.get(msg.id)
+        if held is not None and held.msg.lease == msg.lease:
+            held.settling = True
+
+    def lease_left(self, msg: Message) -> float | None:
+        """Seconds the lease surely has left, or None if it is not held (or was lost)."""
+        with self._cond:
+            held = self._held.get(msg.id)
+            if held is None or held.lost or held.msg.lease != msg.lease:
+                return None
+            return held.until - time.monotonic()
+
+    def confirm(self, msg: Message) -> bool:
+        """Extends msg's lease now, from the calling thread: True if it is still held, False
+        if it was lost. Raises the database's error (e.g. during an outage)."""
+        with self._cond:
+            held = self._held.get(msg.id)
+            if held is None or held.lost or held.msg.lease != msg.lease:
+                return False
+        sent = time.monotonic()
+        kept = self._queue.heartbeat_many([msg], extend=held.visibility_timeout_s)
+        self._health.ok()
+        with self._cond:
+            if kept and self._current(held):
+                held.until = sent + held.visibility_timeout_s
+                self._schedule(held, heartbeat_interval(held.visibility_timeout_s))
+                return True
+            if not kept and self._current(held):
+                held.lost = True
+        if not kept:
+            self._report_lost([held], "start")
+        return bool(kept)
+
+    def beat_all_now(self) -> None:
+        """Extends every held lease at the next tick (the database is back from an outage)."""
+        with self._cond:
+            for held in self._held.values():
+                if not held.lost:
+                    self._schedule(held, 0.0)
             self._cond.notify()
 
     def drop(self, msg: Message) -> None:
@@ -87,8 +162,9 @@ class Heartbeater:
         self._thread.join(timeout=5)
 
     def _schedule(self, held: _Held, after_s: float) -> None:
-        # Caller holds self._cond.
-        heapq.heappush(self._due, (time.monotonic() + after_s, next(self._seq), held))
+        # Caller holds self._cond. Rescheduling leaves the old heap entry behind, stale.
+        held.due_seq = next(self._seq)
+        heapq.heappush(self._due, (time.monotonic() + after_s, held.due_seq, held))
 
     def _current(self, held: _Held) -> bool:
         # Caller holds self._cond.
@@ -99,12 +175,13 @@ class Heartbeater:
         now = time.monotonic()
         batch: list[_Held] = []
         while self._due:
-            due_at, _, held = self._due[0]
+            due_at, seq, held = self._due[0]
             early_s = EARLY_FRACTION * heartbeat_interval(held.visibility_timeout_s)
             if due_at > now + early_s:
                 break
             heapq.heappop(self._due)
-            if self._current(held):
+            if self._current(held) and seq == held.due_seq:
+                held.due_seq = -1  # unscheduled until the beat's answer reschedules it
                 batch.append(held)
         return batch
 
@@ -126,19 +203,31 @@ class Heartbeater:
 
     def _beat(self, visibility_timeout_s: float, group: list[_Held]) -> None:
         interval = heartbeat_interval(visibility_timeout_s)
+        sent = time.monotonic()
         try:
             kept = self._queue.heartbeat_many([h.msg for h in group],
                                               extend=visibility_timeout_s)
-        except TableqError as exc:
-            # A transient outage: try again sooner, the leases still have two beats of slack.
-            events.emit("heartbeat_failed", logging.WARNING, count=len(group),
-                        topics=",".join(sorted({h.msg.topic for h in group})),
-                        error=str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the beats must go on
+            # Try again sooner: the leases still have two beats of slack. An outage is logged
+            # once by Health (and every lease is beaten when it ends); anything else here.
+            # During an outage the beat doubles as a probe (a fenced write on our own rows,
+            # so a database that reads but cannot write does not pass), on the outage
+            # schedule.
+            again = interval / 2
+            if self._health.failed(exc, "heartbeat"):
+                again = min(again, retry_delay(self._failures, self._rng))
+                self._failures += 1
+            else:
+                events.emit("heartbeat_failed", logging.WARNING, count=len(group),
+                            topics=",".join(sorted({h.msg.topic for h in group})),
+                            error=first_line(exc))
             with self._cond:
                 for held in group:
-                    if self._current(held):
-                        self._schedule(held, interval / 2)
+                    if self._current(held) and held.due_seq < 0:
+                        self._schedule(held, again)
             return
+        self._failures = 0
+        self._health.ok()
         kept_ids = {m.id for m in kept}
         lost: list[_Held] = []
         with self._cond:
@@ -148,12 +237,18 @@ class Heartbeater:
                     # reports the outcome, and the row being gone is no lost lease.
                     continue
                 if held.msg.id in kept_ids:
-                    self._schedule(held, interval)
+                    held.until = max(held.until, sent + visibility_timeout_s)
+                    if held.due_seq < 0:
+                        self._schedule(held, interval)
                 else:
                     held.lost = True
-                    lost.append(held)
+                    if not held.settling:
+                        lost.append(held)
+        self._report_lost(lost, "heartbeat")
+
+    def _report_lost(self, lost: list[_Held], during: str) -> None:
         for held in lost:
             events.emit(events.LEASE_LOST, logging.WARNING, topic=held.msg.topic,
-                        id=held.msg.id, attempts=held.msg.attempts, during="heartbeat")
+                        id=held.msg.id, attempts=held.msg.attempts, during=during)
             if held.on_lost is not None:
                 held.on_lost(held.msg)

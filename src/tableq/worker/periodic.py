@@ -20,6 +20,7 @@ from typing import Any
 from tableq.errors import InvalidArgument, TableqError
 from tableq.names import check_topic
 from tableq.worker import events
+from tableq.worker.health import Health
 
 TICK_HEADER = "tableq-tick"
 JOB_HEADER = "tableq-periodic"
@@ -70,7 +71,7 @@ def next_tick(job: PeriodicJob, now: datetime) -> datetime:
         return datetime.fromtimestamp(n * job.seconds, UTC)
     from croniter import croniter
 
-    nxt = croniter(job.cron, now).get_next(datetime)
+    nxt: datetime = croniter(job.cron, now).get_next(datetime)
     return nxt if nxt.tzinfo else nxt.replace(tzinfo=UTC)
 
 
@@ -105,9 +106,10 @@ class Scheduler:
     """Runs inside a worker's fetch loop: every check interval, enqueue each job's next tick
     (deduplicated across workers by its key)."""
 
-    def __init__(self, queue: Any, jobs: list[PeriodicJob]) -> None:
+    def __init__(self, queue: Any, jobs: list[PeriodicJob], health: Health | None = None) -> None:
         self._queue = queue
         self._jobs = jobs
+        self._health = health if health is not None else Health()
         self._next_check = 0.0  # monotonic
         self._sent: dict[str, datetime] = {}
         self._next_due_mono: float | None = None
@@ -131,7 +133,8 @@ class Scheduler:
         try:
             now = self._queue.now()
         except TableqError as exc:
-            events.emit("periodic_failed", 30, error=str(exc).splitlines()[0])
+            if not self._health.failed(exc, "periodic"):  # an outage is logged once, there
+                events.emit("periodic_failed", 30, error=str(exc).splitlines()[0])
             self._next_check = time.monotonic() + 1.0
             return
         mono = time.monotonic()
@@ -156,8 +159,9 @@ class Scheduler:
                 headers={TICK_HEADER: stamp, JOB_HEADER: job.name},
             )
         except TableqError as exc:
-            events.emit("periodic_failed", 30, job=job.name, tick=stamp,
-                        error=str(exc).splitlines()[0])
+            if not self._health.failed(exc, "periodic"):
+                events.emit("periodic_failed", 30, job=job.name, tick=stamp,
+                            error=str(exc).splitlines()[0])
             return
         self._sent[job.name] = tick
         if result.status == "sent":

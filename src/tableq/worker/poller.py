@@ -49,15 +49,22 @@ class Waker:
     """Sleeps between polls. With a listener (PostgreSQL), a notification for one of our
     topics ends the sleep early; `wake()` ends it from another thread (stop, a freed slot)."""
 
-    def __init__(self, queue: Any, topics: Collection[str], *, use_listener: bool = True) -> None:
+    def __init__(self, queue: Any, topics: Collection[str], *, use_listener: bool = True,
+                 health: Any = None) -> None:
         self._topics = set(topics)
         self._event = threading.Event()
         self._listener: Any = None
         self._queue = queue
         self._use_listener = use_listener
         self._retry_at: float | None = None
+        # The worker's Health: a listener lost to an outage it already logged is no news.
+        self._health = health
+        self._outages_seen = self._outages()
         if use_listener:
             self._listener = _open_listener(queue)
+
+    def _outages(self) -> int:
+        return getattr(self._health, "outages", 0) + getattr(self._health, "blips", 0)
 
     @property
     def listening(self) -> bool:
@@ -88,8 +95,10 @@ class Waker:
                 got = self._listener.wait(min(left, LISTEN_SLICE_S))
             except Exception as exc:  # noqa: BLE001 - a hint source may fail in any way
                 # A dead LISTEN connection must not stop the worker: fall back to polling.
-                events.emit("listener_lost", 30, error=str(exc).splitlines()[0],
-                            retry_in_s=LISTEN_RETRY_S)
+                seen, self._outages_seen = self._outages_seen, self._outages()
+                explained = seen != self._outages_seen or not getattr(self._health, "up", True)
+                events.emit("listener_lost", 20 if explained else 30,
+                            error=str(exc).splitlines()[0], retry_in_s=LISTEN_RETRY_S)
                 self._close_listener()
                 self._retry_at = time.monotonic() + LISTEN_RETRY_S
                 continue

@@ -10,6 +10,8 @@ from typing import Literal
 
 from tableq.errors import InvalidArgument
 
+BACKOFF_MAX_S = 100 * 365 * 86400.0  # as every other duration: beyond a century is a typo
+
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
@@ -26,10 +28,13 @@ class Backoff:
     def __post_init__(self) -> None:
         for name in ("base", "factor", "max"):
             value = getattr(self, name)
+            # Compared before any float(): 10**400 is a clear error, not an OverflowError.
             if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or math.isnan(value) or math.isinf(value) or value < 0):
-                raise InvalidArgument(f"Backoff {name} must be a finite number >= 0, "
-                                      f"not {value!r}")
+                    or not 0 <= value <= BACKOFF_MAX_S):
+                shown = repr(value) if not isinstance(value, int) or value < 10**20 else "huge"
+                raise InvalidArgument(f"Backoff {name} must be a number from 0 to "
+                                      f"{BACKOFF_MAX_S:.0f} (100 years), not {shown}")
+            object.__setattr__(self, name, float(value))
         if self.factor < 1:
             raise InvalidArgument(f"Backoff factor must be >= 1, not {self.factor!r}")
 

@@ -1,7 +1,13 @@
-"""One worker process's engine: fetches messages for its topics, hands them one by one to a
-scaling pool of threads, runs them through the executor, and settles each outcome (ack,
-retry with backoff, dead-letter). Holds leases only on what it can start soon. Uses the
-Queue API only; no SQL."""
+"""One worker process's engine: fetches messages for its topics into lanes (lane.py), runs
+them through the executor, and decides what each outcome means (ack, retry with backoff,
+dead-letter), handing the settlement to the completer's outbox. Holds leases only on what it
+can start soon, and charges prefetched messages their attempt only when they start.
+
+It rides out database outages (health.py): the first failure anywhere is logged once; while
+the database is unreachable nothing is fetched and no handler starts, the next fetch is a
+probe after a jittered, capped wait, heartbeats and settlements are kept and retried, and
+work resumes by itself when any of them gets through. It never exits for an outage and never
+dead-letters a message because of one. Uses the Queue API only; no SQL."""
 
 from __future__ import annotations
 
@@ -11,26 +17,33 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar, get_args
 
 from tableq.errors import ConfigurationError, LeaseLost, SchemaNotMigrated, TableqError
-from tableq.message import Message
+from tableq.message import Message, OnDuplicate, SendResult
 from tableq.queue import Queue
 from tableq.transaction import Transaction
 from tableq.worker import events
-from tableq.worker.completer import Completer
+from tableq.worker.completer import Completer, Settlement, Verdict
 from tableq.worker.executor import Executor, Outcome, describe
+from tableq.worker.health import Health, first_line, is_outage, retry_delay
 from tableq.worker.heartbeat import Heartbeater
+from tableq.worker.lane import FETCH_MAX, Job, Lane
 from tableq.worker.periodic import PeriodicJob, Scheduler
 from tableq.worker.poller import PollPolicy, Waker
 from tableq.worker.retry import Backoff, decide
 
-MODES = ("at_least_once", "at_most_once", "exactly_once")
-FETCH_MAX = 250  # most messages one receive asks for
-IDLE_THREAD_EXIT_S = 10.0  # an idle thread above the minimum exits after this long
+WorkerMode = Literal["at_least_once", "at_most_once", "exactly_once"]
+"""How a handler's messages are delivered: leased then acked (at_least_once), removed as they
+are received (at_most_once), or received, handled and acked in one database transaction with
+the handler's own writes (exactly_once)."""
+MODES: tuple[WorkerMode, ...] = get_args(WorkerMode)
+P = TypeVar("P")
 ERROR_BACKOFF_S = 1.0
+START_MARGIN_S = 1.0  # a handler starts only on a lease known to last at least this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +55,7 @@ class HandlerSpec:
     max_attempts: int | None
     visibility_timeout_s: float
     retry: Backoff
-    mode: str
+    mode: WorkerMode
     concurrency_min: int
     concurrency_max: int
     timeout_s: float | None
@@ -65,36 +78,46 @@ class WorkerOptions:
 
 
 class _Tracker:
-    """Stands in for the Queue inside a handler's Message, to notice when the handler
-    settles the message itself (ack, nack, forward, dead_letter), so the worker does not."""
+    """Stands in for the Queue inside a handler's Message (a message.Settler), to notice
+    when the handler settles the message itself (ack, nack, forward, dead_letter), so the
+    worker does not."""
 
     def __init__(self, queue: Queue) -> None:
         self._queue = queue
         self.settled = False
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._queue, name)
-
-    def ack(self, msg: Message, **kw: Any) -> None:
+    def ack(self, msg: Message) -> None:
         if msg.lease is None:  # at_most_once: already removed, nothing to ack
             self.settled = True
             return
-        self._queue.ack(msg, **kw)
+        self._queue.ack(msg)
         self.settled = True
 
-    def nack(self, msg: Message, **kw: Any) -> None:
-        self._queue.nack(msg, **kw)
+    def nack(self, msg: Message, *, delay: float | timedelta | None = None,
+             error: str | None = None) -> None:
+        self._queue.nack(msg, delay=delay, error=error)
         self.settled = True
 
-    def dead_letter(self, msg: Message, error: str, **kw: Any) -> None:
-        self._queue.dead_letter(msg, error, **kw)
+    def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
+                  progress: Any = None) -> Message[P]:
+        return self._queue.heartbeat(msg, extend=extend, progress=progress)
+
+    def dead_letter(self, msg: Message, error: str) -> None:
+        self._queue.dead_letter(msg, error)
         self.settled = True
 
-    def forward(self, msg: Message, topic: str, payload: Any, **opts: Any) -> Any:
-        if msg.lease is None:
-            result = self._queue.send(topic, payload, **opts)
+    def forward(self, msg: Message, topic: str, payload: Any, *, key: str | None = None,
+                kind: str | None = None, headers: Mapping[str, str] | None = None,
+                priority: int = 0, delay: float | timedelta | None = None,
+                at: datetime | None = None, on_duplicate: OnDuplicate = "ignore") -> SendResult:
+        if msg.lease is None:  # at_most_once: already removed, so only the send is left
+            result = self._queue.send(topic, payload, key=key, kind=kind, headers=headers,
+                                      priority=priority, delay=delay, at=at,
+                                      on_duplicate=on_duplicate)
         else:
-            result = self._queue.forward(msg, topic, payload, **opts)
+            result = self._queue.forward(msg, topic, payload, key=key, kind=kind,
+                                         headers=headers, priority=priority, delay=delay,
+                                         at=at, on_duplicate=on_duplicate)
         self.settled = True
         return result
 
@@ -126,141 +149,6 @@ class _Rollback(Exception):
         self.outcome = outcome
 
 
-@dataclass
-class _Job:
-    msg: Message
-    fetched_at: float  # monotonic
-
-
-class Lane:
-    """One topic's buffer of fetched messages and its pool of threads (min..max, growing with
-    the backlog and shrinking when idle)."""
-
-    def __init__(self, worker: Worker, spec: HandlerSpec, cmin: int, cmax: int,
-                 prefetch: int, prefetch_wait_s: float) -> None:
-        self.worker, self.spec = worker, spec
-        self.cmin, self.cmax, self.prefetch = cmin, cmax, prefetch
-        self.prefetch_wait_s = prefetch_wait_s
-        self.avg_duration_s: float | None = None
-        self.buffer: collections.deque[_Job] = collections.deque()
-        self.running = 0
-        self.threads = 0
-        self.idle = 0
-        self.cond = threading.Condition()
-        self.stopping = False
-
-    def record(self, duration_s: float) -> None:
-        with self.cond:
-            prev = self.avg_duration_s
-            self.avg_duration_s = duration_s if prev is None else 0.8 * prev + 0.2 * duration_s
-
-    def prefetch_target(self) -> int:
-        """Messages to hold beyond the threads: the explicit minimum, or as many as the
-        threads will start within prefetch_wait_s at the measured handler duration."""
-        adaptive = 0
-        # Short leases shorten the wait too, so most fetched messages start before their
-        # first heartbeat (a third of the lease) is due.
-        wait_s = min(self.prefetch_wait_s, self.spec.visibility_timeout_s / 4)
-        if wait_s > 0 and self.avg_duration_s is not None:
-            per_s = self.cmax / max(self.avg_duration_s, 1e-4)
-            adaptive = int(min(FETCH_MAX, per_s * wait_s))
-        return max(self.prefetch, adaptive)
-
-    def want(self) -> int:
-        """How many to fetch now: 0 unless a thread would go idle or half the room is free,
-        so fetches come in batches instead of one message per finished job."""
-        with self.cond:
-            capacity = self.cmax + self.prefetch_target()
-            room = capacity - self.running - len(self.buffer)
-            if room <= 0:
-                return 0
-            idle_threads = self.cmax - self.running - len(self.buffer)
-            if idle_threads > 0 or room >= max(1, capacity // 2):
-                return room
-            return 0
-
-    def busy(self) -> bool:
-        with self.cond:
-            return self.running > 0 or bool(self.buffer)
-
-    def put(self, msgs: Sequence[Message]) -> None:
-        now = time.monotonic()
-        with self.cond:
-            self.buffer.extend(_Job(m, now) for m in msgs)
-            while self.idle < len(self.buffer) and self.threads < self.cmax:
-                self._spawn()
-            self.cond.notify(len(msgs))
-
-    def _spawn(self) -> None:
-        self.threads += 1
-        self.idle += 1
-        t = threading.Thread(target=self._thread, name=f"tableq-{self.spec.topic}", daemon=True)
-        t.start()
-
-    def ensure_min(self) -> None:
-        with self.cond:
-            while self.threads < self.cmin:
-                self._spawn()
-
-    def take_stale(self, older_than_s: float) -> list[Message]:
-        """Fetched messages that waited too long for a thread: give them back to others."""
-        cutoff = time.monotonic() - older_than_s
-        out = []
-        with self.cond:
-            while self.buffer and self.buffer[0].fetched_at < cutoff:
-                out.append(self.buffer.popleft().msg)
-        return out
-
-    def stop(self) -> list[Message]:
-        """Stops taking new work; returns what was fetched but not started."""
-        with self.cond:
-            self.stopping = True
-            left = [j.msg for j in self.buffer]
-            self.buffer.clear()
-            self.cond.notify_all()
-        return left
-
-    def wait_idle(self, deadline: float) -> bool:
-        with self.cond:
-            while self.running > 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-            return True
-
-    def _thread(self) -> None:
-        while True:
-            with self.cond:
-                idle_since = time.monotonic()
-                while not self.buffer and not self.stopping:
-                    left = IDLE_THREAD_EXIT_S - (time.monotonic() - idle_since)
-                    if left <= 0 and self.threads > self.cmin:
-                        self.threads -= 1
-                        self.idle -= 1
-                        return
-                    self.cond.wait(max(left, 0.05) if self.threads > self.cmin else None)
-                if self.stopping:
-                    self.threads -= 1
-                    self.idle -= 1
-                    self.cond.notify_all()
-                    return
-                job = self.buffer.popleft()
-                self.idle -= 1
-                self.running += 1
-            try:
-                self.worker._process(self.spec, job.msg)
-            except BaseException as exc:  # noqa: BLE001 - a bug here must not kill the pool silently
-                events.emit("worker_error", logging.ERROR, topic=self.spec.topic,
-                            id=job.msg.id, error=describe(exc))
-            finally:
-                with self.cond:
-                    self.running -= 1
-                    self.idle += 1
-                    self.cond.notify_all()
-                self.worker._slot_freed()
-
-
 class Worker:
     """Runs the handlers of some topics until stopped (or, in burst mode, until no message is
     due and none is running)."""
@@ -271,15 +159,24 @@ class Worker:
         if not specs and not periodic:
             raise ConfigurationError("no handlers to run: register one with @app.handler(topic) "
                                      "or pick topics that have handlers")
+        exactly_once = sorted(s.topic for s in specs if s.mode == "exactly_once")
+        if exactly_once and not getattr(queue, "supports_transactions", True):
+            # Refused here, before any message is taken: at run time every attempt would fail
+            # and the messages would be dead-lettered for a setup mistake.
+            raise ConfigurationError(
+                f"the exactly_once handlers of {', '.join(exactly_once)} need the database "
+                "itself (the handler's writes and the ack commit together), not the HTTP API: "
+                "run them with a database URL, or make them at_least_once")
         self.queue = queue
         self.options = options
+        self.health = Health()
         self.lanes: list[Lane] = []
         for spec in specs:
             cmax = options.concurrency if options.concurrency is not None else spec.concurrency_max
             cmin = min(spec.concurrency_min, cmax)
             self.lanes.append(Lane(self, spec, cmin, cmax, options.prefetch,
                                    options.prefetch_wait_s))
-        self.scheduler = Scheduler(queue, list(periodic))
+        self.scheduler = Scheduler(queue, list(periodic), self.health)
         self.executor = Executor()
         self._heartbeater: Heartbeater | None = None
         self._completer: Completer | None = None
@@ -301,6 +198,7 @@ class Worker:
         running handlers up to the grace period."""
         self._stop.set()
         self._slot_event.set()
+        self.health.wake()
         if self._waker is not None:
             self._waker.wake()
 
@@ -315,13 +213,18 @@ class Worker:
     def _slot_freed(self) -> None:
         self._slot_event.set()
 
+    def _retry_delay(self, attempt: int) -> float:
+        return retry_delay(attempt, self._rng)
+
     # --- the fetch loop -------------------------------------------------------------------------
 
     def run(self) -> None:
         topics = [lane.spec.topic for lane in self.lanes]
-        self._heartbeater = Heartbeater(self.queue)
-        self._completer = Completer(self.queue, self._acked, self._ack_lost)
-        self._waker = Waker(self.queue, topics, use_listener=self.options.use_listener)
+        self._heartbeater = Heartbeater(self.queue, self.health)
+        self._completer = Completer(self.queue, self.health, self._settled)
+        self._waker = Waker(self.queue, topics, use_listener=self.options.use_listener,
+                            health=self.health)
+        self.health.on_recovery(self._recovered)
         for lane in self.lanes:
             lane.ensure_min()
         events.emit(events.STARTED, topics=",".join(topics) or "-",
@@ -333,27 +236,52 @@ class Worker:
         finally:
             self._shutdown()
 
+    def _recovered(self) -> None:
+        for lane in self.lanes:
+            lane.restart_clocks()
+        self._slot_event.set()
+        if self._waker is not None:
+            self._waker.wake()
+
     def _loop(self) -> None:
         assert self._waker is not None
         delay = 0.0
+        probes = 0
         while not self._stop.is_set():
+            if not self.health.up:
+                # An outage: nothing is fetched until the database answers. The next fetch is
+                # the probe, after a jittered, capped wait (or at once when a heartbeat or a
+                # settlement got through first).
+                self.health.wait_up(self._retry_delay(probes))
+                probes += 1
+                if self._stop.is_set():
+                    break
+            else:
+                probes = 0
             try:
-                self.scheduler.check()
+                if self.health.up:
+                    self.scheduler.check()
                 found = self._fetch_round()
+                if (not found and self.options.burst and self.health.up
+                        and not any(lane.busy() for lane in self.lanes)
+                        and time.monotonic() >= self._retry_due
+                        and not (self._completer and self._completer.pending())):
+                    # Nothing due, nothing running, no retry of ours still to come: drained.
+                    if self._drained():
+                        break
+                    continue
             except (SchemaNotMigrated, ConfigurationError):
                 raise
             except TableqError as exc:
-                events.emit("fetch_failed", logging.WARNING, error=str(exc).splitlines()[0])
+                if self.health.failed(exc, "fetch"):
+                    continue
+                events.emit("fetch_failed", logging.WARNING, error=first_line(exc))
                 self._stop.wait(ERROR_BACKOFF_S)
                 continue
             if found:
                 delay = 0.0
                 continue
-            if (self.options.burst and not any(lane.busy() for lane in self.lanes)
-                    and time.monotonic() >= self._retry_due):
-                # Nothing due, nothing running, no retry of ours still to come: drained.
-                if self._drained():
-                    break
+            if not self.health.up:
                 continue
             if not any(lane.want() > 0 for lane in self.lanes):
                 # Every thread is busy: wait for one to finish, not for the database.
@@ -380,11 +308,15 @@ class Worker:
     def _fetch_round(self) -> bool:
         found = False
         for lane in self.lanes:
-            stale = lane.take_stale(max(0.5, lane.spec.visibility_timeout_s / 2))
-            for msg in stale:
-                self._release(msg)
-            if lane.want() > 0 and self._fetch(lane):
-                found = True
+            # While the database is down, waiting does not make a fetched message stale
+            # (restart_clocks starts its clock again once the database is back).
+            stale = lane.take_stale(max(0.5, lane.spec.visibility_timeout_s / 2)) \
+                if self.health.up else []
+            for job in stale:
+                self._give_back(job)
+            if self.health.up or not found:
+                if lane.want() > 0 and self._fetch(lane):
+                    found = True
         return found
 
     def _fetch(self, lane: Lane) -> bool:
@@ -392,25 +324,93 @@ class Worker:
         want = min(lane.want(), FETCH_MAX)
         if want <= 0 or self._stop.is_set():
             return False
-        mode = "at_most_once" if spec.mode == "at_most_once" else "at_least_once"
-        msgs = self.queue.receive(spec.topic, max=want,
-                                  visibility_timeout=spec.visibility_timeout_s, mode=mode,
-                                  max_attempts=spec.max_attempts)
-        if not msgs:
+        if spec.mode == "at_most_once":
+            msgs = self.queue.receive(spec.topic, max=want,
+                                      visibility_timeout=spec.visibility_timeout_s,
+                                      mode="at_most_once", max_attempts=spec.max_attempts)
+            self.health.ok()
+            lane.put([(m, True) for m in msgs], time.monotonic())
+            return bool(msgs)
+        sent = time.monotonic()
+        # Charged now: what starts at once and the charge window, never a last allowed
+        # attempt (that one is charged right before its handler starts); lane.py.
+        got = self.queue._receive_deferred(
+            spec.topic, max=want, charge=min(want, lane.start_soon()), charge_last=0,
+            visibility_timeout=spec.visibility_timeout_s, max_attempts=spec.max_attempts)
+        self.health.ok()
+        if not got:
             return False
-        if mode == "at_least_once":
-            assert self._heartbeater is not None
-            for m in msgs:
-                self._heartbeater.hold(m, spec.visibility_timeout_s)
-        lane.put(msgs)
+        assert self._heartbeater is not None
+        for m, _ in got:
+            self._heartbeater.hold(m, spec.visibility_timeout_s, since=sent)
+        lane.put(got, sent)
         return True
+
+    # --- the gate before a handler starts (called by lane threads) -----------------------------
+
+    def _charge(self, spec: HandlerSpec, msgs: list[Message]) -> dict[int, Message] | None:
+        """Charges the attempts of messages about to start; their new state by id (missing:
+        lease lost). None if the database was unreachable."""
+        assert self._heartbeater is not None
+        sent = time.monotonic()
+        try:
+            done = self.queue._charge(msgs, extend=spec.visibility_timeout_s)
+        except TableqError as exc:
+            if self.health.failed(exc, "start"):
+                return None
+            # Not an outage: they do not start; their leases run out and they come back.
+            events.emit("start_failed", logging.ERROR, topic=spec.topic, count=len(msgs),
+                        error=first_line(exc))
+            for m in msgs:
+                self._unhold(m)
+            return {}
+        self.health.ok()
+        got = {m.id: m for m in done}
+        for m in msgs:
+            if m.id in got:
+                self._heartbeater.refresh(got[m.id], sent)
+            else:
+                self._unhold(m)
+                self._count("lease_lost")
+                events.emit(events.LEASE_LOST, logging.WARNING, topic=m.topic, id=m.id,
+                            attempts=m.attempts, during="start")
+        return got
+
+    def _confirm_lease(self, spec: HandlerSpec, msg: Message) -> bool | None:
+        """True if msg may start (its lease surely lasts START_MARGIN_S more, asking the
+        database if unsure), False if it was lost, None if the database was unreachable."""
+        if msg.lease is None:
+            return True  # at_most_once: nothing to hold
+        assert self._heartbeater is not None
+        left = self._heartbeater.lease_left(msg)
+        if left is None:
+            return False
+        if left >= min(START_MARGIN_S, spec.visibility_timeout_s / 4):
+            return True
+        try:
+            return self._heartbeater.confirm(msg)
+        except TableqError as exc:
+            if self.health.failed(exc, "start"):
+                return None
+            events.emit("start_failed", logging.ERROR, topic=spec.topic, id=msg.id,
+                        error=first_line(exc))
+            return False
+
+    def _give_back(self, job: Job) -> None:
+        """Releases a fetched message that will not start here: its attempt back if it was
+        charged, unchanged if not."""
+        if job.msg.lease is None:
+            return  # at_most_once: already gone; nothing to give back
+        assert self._completer is not None and self._heartbeater is not None
+        self._heartbeater.settling(job.msg)
+        self._completer.settle(Settlement("release", job.msg, refund=job.charged))
 
     # --- running one message ----------------------------------------------------------------------
 
     def _process(self, spec: HandlerSpec, msg: Message) -> None:
         events.emit(events.RECEIVED, topic=msg.topic, id=msg.id, attempts=msg.attempts)
         tracker = _Tracker(self.queue)
-        handed = dataclasses.replace(msg, _queue=tracker)  # type: ignore[arg-type]
+        handed = dataclasses.replace(msg, _queue=tracker)
         if spec.mode == "exactly_once":
             outcome = self.executor.run(self._exactly_once_body(spec), handed, spec.timeout_s)
             if outcome.ok and isinstance(outcome.value, Outcome):
@@ -418,36 +418,27 @@ class Worker:
         else:
             outcome = self.executor.run(spec.fn, handed, spec.timeout_s)
         lanes = [lane for lane in self.lanes if lane.spec is spec]
-        if lanes and outcome.status != "timeout":
+        if lanes and outcome.status not in ("timeout", "outage"):
             lanes[0].record(outcome.duration_s)
-        if not self._settle(spec, msg, outcome, tracker) and self._heartbeater is not None:
-            self._heartbeater.drop(msg)
+        self._settle(spec, msg, outcome, tracker)
 
     def _unhold(self, msg: Message) -> None:
         if self._heartbeater is not None:
             self._heartbeater.drop(msg)
 
-    def _acked(self, msg: Message, duration_s: float) -> None:
-        if self._heartbeater is not None:
-            self._heartbeater.drop(msg)
-        self._count("acked")
-        events.emit(events.ACKED, topic=msg.topic, id=msg.id, attempts=msg.attempts,
-                    duration_s=round(duration_s, 4))
-
-    def _ack_lost(self, msg: Message) -> None:
-        if self._heartbeater is not None:
-            self._heartbeater.drop(msg)
-        self._count("lease_lost")
-
     def _exactly_once_body(self, spec: HandlerSpec) -> Callable[[Message], Outcome]:
         def body(msg: Message) -> Outcome:
+            failed: list[Outcome] = []
             try:
                 with self.queue.transaction() as tx:
                     ttx = _TrackedTransaction(self.queue, tx.connection, self._unhold)
                     inner = self.executor.run(spec.fn, dataclasses.replace(msg, _transaction=ttx),
                                               None)
                     if not inner.ok:
-                        raise _Rollback(inner)
+                        failed.append(inner)
+                        # Re-raised as it is, so the transaction's end can tell a handler that
+                        # failed on its own from one whose connection died under it.
+                        raise inner.exc if inner.exc is not None else _Rollback(inner)
                     if msg.id not in ttx.settled:
                         # Fenced by the lease: if it was lost, LeaseLost rolls back the
                         # handler's writes together with this ack.
@@ -456,15 +447,45 @@ class Worker:
                 return committed
             except _Rollback as rb:
                 return rb.outcome
-            except LeaseLost as exc:
-                return Outcome("lease_lost", describe(exc))
+            except Exception as exc:
+                if failed and exc is failed[0].exc:
+                    return failed[0]  # the handler's own failure, rolled back
+                if isinstance(exc, LeaseLost):
+                    return Outcome("lease_lost", describe(exc), exc=exc)
+                if is_outage(exc):
+                    # The connection or the database failed: rolled back, or committed with
+                    # its reply lost. _settle asks the database which.
+                    return Outcome("outage", describe(exc), exc=exc)
+                raise
         return body
 
+    def _probe(self, spec: HandlerSpec, msg: Message) -> Literal["held", "gone", "lost", "down"]:
+        """After a failure that may be the database's: is msg still held by us (the database
+        answers, so the failure was this delivery's), gone (its exactly-once transaction
+        committed), taken by someone else, or is the database down? One fenced heartbeat,
+        which also keeps the lease while the settlement is pending."""
+        assert self._heartbeater is not None
+        for attempt in range(2):  # twice: a connection killed under us is not an outage
+            try:
+                kept = self.queue.heartbeat_many([msg], extend=spec.visibility_timeout_s)
+                if kept:
+                    self.health.ok()
+                    self._heartbeater.hold(msg, spec.visibility_timeout_s)
+                    return "held"
+                return "gone" if self.queue.get(msg.id) is None else "lost"
+            except TableqError as exc:
+                if not self.health.failed(exc, "settle"):
+                    return "held"  # not an outage: settle as usual (and meet the error there)
+                if attempt == 1:
+                    return "down"
+        raise AssertionError("unreachable")
+
     def _settle(self, spec: HandlerSpec, msg: Message, outcome: Outcome,
-                tracker: _Tracker) -> bool:
-        """Acts on the outcome. True when the ack was handed to the completer (which then
-        owns the message's heartbeat until the ack commits)."""
-        fields = {"topic": msg.topic, "id": msg.id, "attempts": msg.attempts}
+                tracker: _Tracker) -> None:
+        """Acts on the outcome: most settlements go to the completer's outbox, which reports
+        back to _settled; the others are done here and the heartbeat is dropped."""
+        assert self._completer is not None
+        fields: dict[str, Any] = {"topic": msg.topic, "id": msg.id, "attempts": msg.attempts}
         if spec.mode == "at_most_once":
             if outcome.ok:
                 self._count("acked")
@@ -474,21 +495,49 @@ class Worker:
                 self._count("failed")
                 events.emit(events.FAILED, logging.WARNING, **fields, mode="at_most_once",
                             error=_first_line(outcome.error))
-            return False
+            return
         if outcome.status == "lease_lost":
+            self._unhold(msg)
             self._count("lease_lost")
             events.emit(events.LEASE_LOST, logging.WARNING, **fields, during="ack",
                         rolled_back=True)
-            return False
+            return
         if outcome.ok and (tracker.settled or spec.mode == "exactly_once"):
+            self._unhold(msg)
             self._count("acked")
             events.emit(events.ACKED, **fields, duration_s=round(outcome.duration_s, 4))
-            return False
+            return
         if tracker.settled and not outcome.ok:
             # The handler settled the message itself, then raised: its settlement stands.
+            self._unhold(msg)
             events.emit(events.FAILED, logging.WARNING, **fields, settled_by="handler",
                         error=_first_line(outcome.error))
-            return False
+            return
+        if outcome.status == "outage" or (not outcome.ok and is_outage(outcome.exc)):
+            state = self._probe(spec, msg)
+            if state == "down":
+                # The database's failure, not the handler's: once it is back, the message is
+                # released with its attempt given back (never dead-lettered for an outage).
+                # An exactly-once transaction may have committed before the connection died:
+                # the outbox then finds the row gone and counts it acked.
+                assert self._heartbeater is not None
+                self._heartbeater.settling(msg)
+                self._completer.settle(Settlement(
+                    "release", msg, refund=True, ambiguous=outcome.status == "outage",
+                    handler_ran=outcome.status == "outage"))
+                return
+            if state != "held":
+                self._unhold(msg)
+                if state == "gone" and outcome.status == "outage":
+                    self._count("acked")
+                    events.emit(events.ACKED, **fields, duration_s=round(outcome.duration_s, 4),
+                                committed="reply_lost")
+                else:
+                    self._count("lease_lost")
+                    events.emit(events.LEASE_LOST, logging.WARNING, **fields, during="settle")
+                return
+            # Held: the database answers, so the failure belongs to this delivery (a cut
+            # connection, a slow transaction, another database): the usual retry policy.
         if outcome.status == "timeout":
             self._count("timed_out")
             events.emit(events.TIMED_OUT, logging.WARNING, **fields, timeout_s=spec.timeout_s,
@@ -499,63 +548,72 @@ class Worker:
         decision = decide(succeeded=outcome.ok, attempts=msg.attempts,
                           max_attempts=self.queue.max_attempts_for(msg.topic, spec.max_attempts),
                           backoff=spec.retry, error=outcome.error, rng=self._rng)
-        try:
-            if decision.action == "ack":
-                assert self._completer is not None
-                self._completer.ack(msg, outcome.duration_s)
-                return True
-            if decision.action == "retry":
-                self.queue.nack(msg, delay=decision.delay_s, error=decision.error)
-                with self._stats_lock:
-                    self._retry_due = max(self._retry_due, time.monotonic() + decision.delay_s)
-                self._count("retried")
-                events.emit(events.RETRIED, logging.WARNING, **fields,
-                            delay_s=round(decision.delay_s, 3), error=_first_line(decision.error))
-            if decision.action == "dead_letter":
-                self.queue.dead_letter(msg, decision.error or "failed")
-                self._count("dead_lettered")
-                events.emit(events.DEAD_LETTERED, logging.ERROR, **fields,
-                            error=_first_line(decision.error))
-        except LeaseLost:
-            self._count("lease_lost")
-            events.emit(events.LEASE_LOST, logging.WARNING, **fields, during=decision.action)
-        except TableqError as exc:
-            # The lease will run out and the message come back: at-least-once holds.
-            events.emit("settle_failed", logging.ERROR, **fields, action=decision.action,
-                        error=str(exc).splitlines()[0])
-        return False
+        assert self._heartbeater is not None
+        self._heartbeater.settling(msg)
+        if decision.action == "ack":
+            self._completer.ack(msg, outcome.duration_s)
+        elif decision.action == "retry":
+            self._completer.settle(Settlement("nack", msg, delay_s=decision.delay_s,
+                                              error=decision.error))
+        else:
+            self._completer.settle(Settlement("dead_letter", msg,
+                                              error=decision.error or "failed"))
 
-    def _release(self, msg: Message) -> None:
-        if msg.lease is None:
-            return  # at_most_once: already gone; nothing to give back
-        if self._heartbeater is not None:
-            self._heartbeater.drop(msg)
-        try:
-            self.queue.release(msg)
+    def _settled(self, s: Settlement, verdict: Verdict) -> None:
+        """The completer's answer for one settlement: log it, count it, stop its heartbeat."""
+        msg = s.msg
+        self._unhold(msg)
+        if verdict == "done" and s.action == "ack":  # the hot path: one per message
+            self._count("acked")
+            events.emit(events.ACKED, topic=msg.topic, id=msg.id, attempts=msg.attempts,
+                        duration_s=round(s.duration_s, 4))
+            return
+        fields: dict[str, Any] = {"topic": msg.topic, "id": msg.id, "attempts": msg.attempts}
+        if verdict == "lost":
+            self._count("lease_lost")
+            events.emit(events.LEASE_LOST, logging.WARNING, **fields, during=s.action)
+            return
+        if verdict in ("failed", "abandoned"):
+            self._count(f"settle_{verdict}")
+            return  # logged once per batch by the completer; the lease will run out
+        if s.action == "ack" or (verdict == "gone" and s.handler_ran):
+            self._count("acked")
+            events.emit(events.ACKED, **fields, duration_s=round(s.duration_s, 4),
+                        committed="reply_lost" if s.action != "ack" else None)
+        elif s.action == "nack":
+            with self._stats_lock:  # due from when the database set it (burst waits for it)
+                self._retry_due = max(self._retry_due, time.monotonic() + s.delay_s)
+            self._count("retried")
+            events.emit(events.RETRIED, logging.WARNING, **fields,
+                        delay_s=round(s.delay_s, 3), error=_first_line(s.error))
+        elif s.action == "dead_letter":
+            self._count("dead_lettered")
+            events.emit(events.DEAD_LETTERED, logging.ERROR, **fields,
+                        error=_first_line(s.error))
+        else:
             self._count("released")
-            events.emit(events.RELEASED, topic=msg.topic, id=msg.id, attempts=msg.attempts - 1)
-        except LeaseLost:
-            events.emit(events.LEASE_LOST, logging.WARNING, topic=msg.topic, id=msg.id,
-                        attempts=msg.attempts, during="release")
-        except TableqError as exc:
-            events.emit("release_failed", logging.WARNING, topic=msg.topic, id=msg.id,
-                        error=str(exc).splitlines()[0])
+            events.emit(events.RELEASED, topic=msg.topic, id=msg.id,
+                        attempts=msg.attempts - (1 if s.refund else 0),
+                        after="outage" if s.handler_ran else None)
 
     # --- shutdown -------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
         self._stop.set()
+        self.health.wake()
         events.emit(events.STOPPING, grace_s=self.options.grace_period_s)
-        unstarted = [m for lane in self.lanes for m in lane.stop()]
-        for m in unstarted:
-            self._release(m)
         deadline = time.monotonic() + self.options.grace_period_s
+        for lane in self.lanes:
+            for job in lane.stop():
+                self._give_back(job)
         finished = all([lane.wait_idle(deadline) for lane in self.lanes])  # noqa: C419 - wait for every lane
         if not finished:
             events.emit("grace_expired", logging.WARNING,
                         running=sum(lane.running for lane in self.lanes))
         if self._completer is not None:
-            self._completer.close()  # commit the acks of everything that finished
+            # Commit the settlements of everything that finished; if the database is still
+            # unreachable, wait out the grace period, then leave them to their leases.
+            self._completer.close(max(1.0, deadline - time.monotonic()))
         if self._heartbeater is not None:
             self._heartbeater.close()
         if self._waker is not None:

@@ -159,7 +159,8 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
             now = time.monotonic()
             for i, c in enumerate(children):
                 if c is None:
-                    if restart_at[i] is not None and now >= restart_at[i] and not stopping.is_set():
+                    due = restart_at[i]
+                    if due is not None and now >= due and not stopping.is_set():
                         children[i], started[i], restart_at[i] = start(i), now, None
                     continue
                 code = c.exitcode()

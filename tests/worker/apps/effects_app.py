@@ -1,6 +1,8 @@
 """A worker app for process tests. Every handler start appends one line "id attempts" to the
-file $EFFECTS (O_APPEND: one write per line, so lines survive kill -9 whole). $WORK_SLEEP_S
-sets how long a handler takes."""
+file $EFFECTS (O_APPEND: one write per line, so lines survive kill -9 whole); the "work"
+handler appends the same line to $EFFECTS.done when its work is done, just before it returns
+(its committed effect: what a lost message would lack). $WORK_SLEEP_S sets how long a handler
+takes."""
 
 import os
 import time
@@ -14,8 +16,8 @@ app = App(visibility_timeout=float(os.environ.get("VT_S", "2")), poll_interval_m
           grace_period=float(os.environ.get("GRACE_S", "10")))
 
 
-def _effect(message) -> None:
-    fd = os.open(EFFECTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def _effect(message, path: str = EFFECTS) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, f"{message.id} {message.attempts}\n".encode())
     finally:
@@ -26,6 +28,7 @@ def _effect(message) -> None:
 def work(message) -> None:
     _effect(message)
     time.sleep(SLEEP_S)  # the job's own duration, part of the scenario
+    _effect(message, EFFECTS + ".done")
 
 
 @app.handler("tick")

@@ -1,0 +1,375 @@
+"""One topic's buffer of fetched messages and its pool of threads (min..max, growing with the
+backlog and shrinking when idle), and the gate every message passes before its handler
+starts. No SQL: the worker's hooks talk to the Queue.
+
+The gate: no handler starts while the database is unreachable (its ack could not land and its
+lease could not be extended); a message fetched ahead is charged its attempt here, which also
+renews its lease; and a message whose lease may have run out meanwhile (after an outage) is
+started only once a heartbeat has confirmed it is still ours. So a worker killed while holding
+prefetched messages spends no attempts on the ones it never started.
+
+Charging ahead, to keep the cost low: a receive charges what free threads start at once and
+a window more. The others are charged in groups: by a thread that meets an uncharged message
+(for it and the next ones), and by a background charger per lane that charges the next
+window once less than a window of charged messages waits, so the threads seldom wait for a
+charge (which may take a loaded database several milliseconds). The window is what the lane
+starts within CHARGE_AHEAD_S at its measured pace (the time between starts): millisecond
+jobs pay one round trip per window, not per message, and slow jobs (further apart than
+CHARGE_AHEAD_S) are never charged ahead. A worker killed with charged messages waiting has
+spent their attempts, but never the last one: a message's last allowed attempt is charged
+only right before its own handler starts, so no message is dead-lettered without its
+processing having begun (W4; "begun": charged, then the handler called, or first, in
+exactly-once mode, its transaction opened, which on SQLite may wait for the write lock),
+while one that kills its worker whenever it runs is dead-lettered after exactly
+max_attempts runs."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tableq.message import Message
+from tableq.worker import events
+from tableq.worker.executor import describe
+
+if TYPE_CHECKING:
+    from tableq.worker.runner import HandlerSpec, Worker
+
+FETCH_MAX = 250  # most messages one receive asks for
+IDLE_THREAD_EXIT_S = 10.0  # an idle thread above the minimum exits after this long
+CHARGE_AHEAD_S = 0.02  # charge the messages the threads will start within this long
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    msg: Message
+    fetched_at: float  # monotonic
+    charged: bool  # its attempt is counted in the database
+    # Monotonic: when the statement that last set its lease was sent (the receive, or the
+    # charge); the lease surely lasts a visibility timeout from then.
+    leased_at: float = 0.0
+    charging: bool = False  # a charge statement for it is in flight
+    lost: bool = False  # its lease was found taken: never start it
+    popped: bool = False  # a thread took it from the buffer
+
+
+def charge_window(start_gap_s: float | None, ahead_s: float = CHARGE_AHEAD_S,
+                  limit: int = FETCH_MAX) -> int:
+    """How many messages beyond the one starting now to charge in the same statement: what
+    the lane starts within ahead_s when its starts come every start_gap_s (0 until measured).
+    Pure."""
+    if start_gap_s is None or ahead_s <= 0:
+        return 0
+    return int(min(limit, ahead_s / max(start_gap_s, 1e-6)))
+
+
+class Lane:
+    def __init__(self, worker: Worker, spec: HandlerSpec, cmin: int, cmax: int,
+                 prefetch: int, prefetch_wait_s: float) -> None:
+        self.worker, self.spec = worker, spec
+        self.cmin, self.cmax, self.prefetch = cmin, cmax, prefetch
+        self.prefetch_wait_s = prefetch_wait_s
+        self.avg_duration_s: float | None = None
+        # The lane's pace: a moving average of the time between two handler starts, while
+        # busy (a start after an idle spell does not count).
+        self.start_gap_s: float | None = None
+        self._last_start = 0.0
+        self.buffer: collections.deque[Job] = collections.deque()
+        self._ready = 0  # buffered jobs already charged (not lost)
+        self._charge_wanted = False
+        self._charger: threading.Thread | None = None
+        self.running = 0
+        self.threads = 0
+        self.idle = 0
+        self.cond = threading.Condition()
+        self.stopping = False
+
+    # --- sizing -----------------------------------------------------------------------------
+
+    def record(self, duration_s: float) -> None:
+        with self.cond:
+            prev = self.avg_duration_s
+            self.avg_duration_s = duration_s if prev is None else 0.8 * prev + 0.2 * duration_s
+
+    def prefetch_target(self) -> int:
+        """Messages to hold beyond the threads: the explicit minimum, or as many as the
+        threads will start within prefetch_wait_s at the measured handler duration. None for
+        at_most_once: its receive deletes the row, so a message held here and never started
+        (stale, or still waiting at shutdown) would be gone."""
+        if self.spec.mode == "at_most_once":
+            return 0
+        adaptive = 0
+        # Short leases shorten the wait too, so most fetched messages start before their
+        # first heartbeat (a third of the lease) is due.
+        wait_s = min(self.prefetch_wait_s, self.spec.visibility_timeout_s / 4)
+        if wait_s > 0 and self.avg_duration_s is not None:
+            per_s = self.cmax / max(self.avg_duration_s, 1e-4)
+            adaptive = int(min(FETCH_MAX, per_s * wait_s))
+        return max(self.prefetch, adaptive)
+
+    def want(self) -> int:
+        """How many to fetch now: 0 unless a thread would go idle or half the room is free,
+        so fetches come in batches instead of one message per finished job."""
+        with self.cond:
+            capacity = self.cmax + self.prefetch_target()
+            room = capacity - self.running - len(self.buffer)
+            if room <= 0:
+                return 0
+            idle_threads = self.cmax - self.running - len(self.buffer)
+            if idle_threads > 0 or room >= max(1, capacity // 2):
+                return room
+            return 0
+
+    def start_soon(self) -> int:
+        """Free threads plus the charge window: a fetch charges that many of the messages it
+        leases at receive (never a last allowed attempt)."""
+        with self.cond:
+            free = max(0, self.cmax - self.running - len(self.buffer))
+            return free + charge_window(self.start_gap_s)
+
+    def _ahead(self, limit: int) -> list[Job]:
+        """Up to `limit` buffered jobs to charge ahead of their start: uncharged, not being
+        charged, not lost, and not at their last allowed attempt (that one is charged only
+        when its own handler starts). Caller holds self.cond."""
+        last = self.worker.queue.max_attempts_for(self.spec.topic, self.spec.max_attempts) - 1
+        return list(itertools.islice(
+            (j for j in self.buffer if not j.charged and not j.charging and not j.lost
+             and j.msg.attempts < last), limit))
+
+    def busy(self) -> bool:
+        with self.cond:
+            return self.running > 0 or bool(self.buffer)
+
+    # --- the buffer -------------------------------------------------------------------------
+
+    def put(self, fetched: Sequence[tuple[Message, bool]], leased_at: float) -> None:
+        """Buffers fetched messages, each with whether its attempt is charged already."""
+        now = time.monotonic()
+        with self.cond:
+            self.buffer.extend(Job(m, now, charged, leased_at=leased_at)
+                               for m, charged in fetched)
+            self._ready += sum(1 for _, charged in fetched if charged)
+            while self.idle < len(self.buffer) and self.threads < self.cmax:
+                self._spawn()
+            self.cond.notify(len(fetched))
+
+    def _spawn(self) -> None:
+        self.threads += 1
+        self.idle += 1
+        t = threading.Thread(target=self._thread, name=f"tableq-{self.spec.topic}", daemon=True)
+        t.start()
+
+    def ensure_min(self) -> None:
+        with self.cond:
+            while self.threads < self.cmin:
+                self._spawn()
+
+    def take_stale(self, older_than_s: float) -> list[Job]:
+        """Fetched messages that waited too long for a thread: give them back to others."""
+        cutoff = time.monotonic() - older_than_s
+        out = []
+        with self.cond:
+            while (self.buffer and self.buffer[0].fetched_at < cutoff
+                   and not self.buffer[0].charging):
+                job = self.buffer.popleft()
+                job.popped = True
+                if job.charged and not job.lost:
+                    self._ready -= 1
+                if not job.lost:
+                    out.append(job)
+        return out
+
+    def restart_clocks(self) -> None:
+        """After an outage: waiting while the database was down does not make a message
+        stale (every worker waited alike)."""
+        now = time.monotonic()
+        with self.cond:
+            for job in self.buffer:
+                job.fetched_at = now
+
+    def stop(self, timeout_s: float = 10.0) -> list[Job]:
+        """Stops taking new work; returns what was fetched but not started (after any charge
+        in flight has been answered, so each job's `charged` is true)."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+            while any(j.charging for j in self.buffer) and time.monotonic() < deadline:
+                self.cond.wait(0.1)
+            left = [j for j in self.buffer if not j.lost]
+            for j in self.buffer:
+                j.popped = True
+            self.buffer.clear()
+            self._ready = 0
+            self.cond.notify_all()
+        return left
+
+    def wait_idle(self, deadline: float) -> bool:
+        with self.cond:
+            while self.running > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    # --- the threads ------------------------------------------------------------------------
+
+    def _thread(self) -> None:
+        while True:
+            with self.cond:
+                idle_since = time.monotonic()
+                while not self.buffer and not self.stopping:
+                    left = IDLE_THREAD_EXIT_S - (time.monotonic() - idle_since)
+                    if left <= 0 and self.threads > self.cmin:
+                        self.threads -= 1
+                        self.idle -= 1
+                        return
+                    self.cond.wait(max(left, 0.05) if self.threads > self.cmin else None)
+                if self.stopping:
+                    self.threads -= 1
+                    self.idle -= 1
+                    self.cond.notify_all()
+                    return
+                job = self.buffer.popleft()
+                job.popped = True
+                if job.charged and not job.lost:
+                    self._ready -= 1
+                self.idle -= 1
+                self.running += 1
+                self._pace()
+                self._charge_ahead()
+            try:
+                msg = self._gate(job)
+                if msg is not None:
+                    self.worker._process(self.spec, msg)
+            except BaseException as exc:  # noqa: BLE001 - a bug here must not kill the pool silently
+                events.emit("worker_error", logging.ERROR, topic=self.spec.topic,
+                            id=job.msg.id, error=describe(exc))
+            finally:
+                with self.cond:
+                    self.running -= 1
+                    self.idle += 1
+                    self.cond.notify_all()
+                self.worker._slot_freed()
+
+    def _pace(self) -> None:
+        """Measures the time between two jobs taken (caller holds self.cond)."""
+        now = time.monotonic()
+        gap, self._last_start = now - self._last_start, now
+        # Only while busy (more waiting or running) is the gap the lane's pace, not an idle
+        # spell; the first job has no gap.
+        if gap < now and (self.buffer or self.running > 1):
+            prev = self.start_gap_s
+            self.start_gap_s = gap if prev is None else 0.8 * prev + 0.2 * gap
+
+    def _charge_ahead(self) -> None:
+        """Asks the lane's charger for the next window once less than a window of charged
+        messages waits (caller holds self.cond)."""
+        if len(self.buffer) <= self._ready:  # nothing uncharged waits (the common case)
+            return
+        window = charge_window(self.start_gap_s)
+        if window <= 0 or self._charge_wanted or self._ready >= window:
+            return
+        self._charge_wanted = True
+        if self._charger is None:
+            self._charger = threading.Thread(target=self._charger_loop, daemon=True,
+                                             name=f"tableq-charge-{self.spec.topic}")
+            self._charger.start()
+        self.cond.notify_all()
+
+    def _charger_loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self._charge_wanted and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    self._charger = None
+                    return
+                self._charge_wanted = False
+                group = self._ahead(max(1, charge_window(self.start_gap_s)))
+                for j in group:
+                    j.charging = True
+            if group and self.worker.health.up:
+                self._charge(group)  # an outage leaves them uncharged: the gate charges them
+            elif group:
+                with self.cond:
+                    for j in group:
+                        j.charging = False
+                    self.cond.notify_all()
+
+    def _gate(self, job: Job) -> Message | None:
+        """Waits until `job` may start and returns its message (charged, on a lease known to
+        be ours), or None if it must not start (lost, or the worker is stopping: then it was
+        given back)."""
+        worker = self.worker
+        # The common case, without a lock: charged (final once true) on a lease set moments
+        # ago, the database up, the worker running.
+        if (job.charged and worker.health.up and not self.stopping
+                and time.monotonic() - job.leased_at < self.spec.visibility_timeout_s / 2):
+            return job.msg
+        retries = 0
+        while True:
+            if self.stopping or worker.stopping:
+                with self.cond:
+                    while job.charging:
+                        self.cond.wait(0.1)
+                if not job.lost:
+                    worker._give_back(job)
+                return None
+            if not worker.health.up:
+                worker.health.wait_up(0.5)  # pause: no handler starts during an outage
+                continue
+            with self.cond:
+                while job.charging:
+                    self.cond.wait()
+                if job.lost:
+                    return None
+                group: list[Job] = []
+                if not job.charged:
+                    # Lead a charge for this job and the next uncharged ones about to start.
+                    group = [job, *self._ahead(charge_window(self.start_gap_s))]
+                    for j in group:
+                        j.charging = True
+            if group:
+                if not self._charge(group):
+                    retries += 1
+                    worker.health.wait_up(worker._retry_delay(retries))
+                continue
+            if time.monotonic() - job.leased_at < self.spec.visibility_timeout_s / 2:
+                return job.msg  # leased just now: surely still ours (no lock, no round trip)
+            verdict = worker._confirm_lease(self.spec, job.msg)
+            if verdict is None:  # unreachable: wait for the database, then ask again
+                retries += 1
+                worker.health.wait_up(worker._retry_delay(retries))
+                continue
+            return job.msg if verdict else None
+
+    def _charge(self, group: list[Job]) -> bool:
+        """Charges the group in one statement; False if the database was unreachable."""
+        charged: dict[int, Message] | None = None
+        sent = time.monotonic()
+        try:
+            charged = self.worker._charge(self.spec, [j.msg for j in group])
+        finally:
+            # One update under the lock: a thread waiting on a job sees it charged (or lost),
+            # never "no longer charging but not charged", which would charge it twice.
+            with self.cond:
+                for j in group:
+                    j.charging = False
+                    if charged is None:
+                        continue
+                    if j.msg.id in charged:
+                        j.msg, j.charged, j.leased_at = charged[j.msg.id], True, sent
+                        if not j.popped:
+                            self._ready += 1
+                    else:
+                        j.lost = True
+                self.cond.notify_all()
+        return charged is not None
