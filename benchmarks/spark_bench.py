@@ -1,10 +1,12 @@
-"""Spark benchmark (a program, not a test): bulk enqueue into PostgreSQL through the tableq
-writer vs Spark's own JDBC writer into the same kind of table (tableq's message table, same
-indexes, in a second schema), in the same run; then streaming consume throughput.
+"""Spark benchmark: bulk enqueue into PostgreSQL through the tableq writer vs Spark's own JDBC
+writer into the same kind of table (tableq's message table, same indexes, in a second schema)
+and vs a bare COPY of the same rows from one Python connection, in the same run; then
+streaming consume throughput beside a Spark JDBC batch read of the same rows. Part of
+`python -m benchmarks` (scenario spark); also runs alone:
 
     .venv/bin/python benchmarks/spark_bench.py --rows 1000000 --stream-rows 200000
 
-Needs Debian's pgJDBC jar for the comparison: apt-get install -y libpostgresql-jdbc-java."""
+Needs Debian's pgJDBC jar for the comparisons: apt-get install -y libpostgresql-jdbc-java."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Any
 
 import tableq
 import tableq.url
@@ -37,6 +40,19 @@ def _jdbc_url(url: str) -> tuple[str, str, str]:
 
 
 def main() -> None:
+    args = _args()
+    out = measure(args.url, rows=args.rows, stream_rows=args.stream_rows,
+                  max_rows=args.max_rows, partitions=args.partitions, rounds=args.rounds,
+                  master=args.master)
+    print(f"\nPostgreSQL, {args.master}, {args.partitions} partitions, pyspark "
+          f"{out['spark_version']}\n")
+    print("| path | rows | rows/s |")
+    print("|---|---:|---:|")
+    for name, rows, rate in out["table"]:
+        print(f"| {name} | {rows:,} | {rate:,.0f} |")
+
+
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default=os.environ.get(
         "TABLEQ_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
@@ -46,7 +62,15 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="batch write rounds (medians)")
     ap.add_argument("--master", default="local[2]")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def measure(base_url: str, *, rows: int, stream_rows: int, max_rows: int = 50_000,
+            partitions: int = 2, rounds: int = 3, master: str = "local[2]") -> dict[str, Any]:
+    """Runs every path once per round (writers alternate order) and returns rows/s."""
+    args = argparse.Namespace(url=base_url, rows=rows, stream_rows=stream_rows,
+                              max_rows=max_rows, partitions=partitions, rounds=rounds,
+                              master=master)
     conf = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "2"}
     have_jar = os.path.exists(JAR)
     if have_jar:
@@ -96,13 +120,37 @@ def main() -> None:
         q.close()
         return took
 
-    # Rounds alternate which writer goes first; each writes into a fresh schema.
+    def copy_write(url: str) -> float:
+        """The same rows by one psycopg COPY into the same table: the floor for a writer."""
+        import json
+
+        import psycopg
+
+        q = tableq.connect(url, migrate=True)
+        schema = tableq.url.parse_url(url).namespace
+        u = tableq.url.parse_url(args.url)
+        with psycopg.connect(host=u.host, port=u.port or 5432, dbname=u.database,
+                             user=u.user or "postgres") as conn:
+            t = time.perf_counter()
+            with conn.cursor().copy(f"COPY {schema}.message (topic, payload, available_at, "
+                                    "first_available_at) FROM STDIN") as cp:
+                for i in range(n):
+                    now = "now"
+                    cp.write_row(("bench", json.dumps({"n": i, "s": f"payload-{i}"}), now, now))
+            conn.commit()
+            took = time.perf_counter() - t
+        assert q.stats("bench")[0].ready == n, q.stats("bench")
+        q.close()
+        return took
+
+    # Rounds alternate the writers' order; each writes into a fresh schema.
     schemas = [warm]
-    times: dict[str, list[float]] = {"tableq": [], "jdbc": []}
-    writers = {"tableq": tableq_write, "jdbc": jdbc_write}
+    writers = {"tableq": tableq_write, "jdbc": jdbc_write, "copy": copy_write}
+    times: dict[str, list[float]] = {name: [] for name in writers}
     if not have_jar:
-        print(f"(no {JAR}: JDBC comparison skipped)", file=sys.stderr)
+        print(f"(no {JAR}: JDBC comparisons skipped)", file=sys.stderr)
         del writers["jdbc"]
+    tq_url = ""
     for r in range(args.rounds):
         order = list(writers) if r % 2 == 0 else list(reversed(writers))
         for name in order:
@@ -113,28 +161,55 @@ def main() -> None:
                 tq_url = url  # the streams below reuse this schema
             print(f"round {r + 1}: {name} {times[name][-1]:.1f} s", file=sys.stderr)
     q = tableq.connect(tq_url)
-    results.append(("batch write: tableq writer (COPY, exactly once; median of "
-                    f"{args.rounds})", n, statistics.median(times["tableq"])))
+    out: dict[str, Any] = {"spark_version": spark.version, "table": results,
+                           "write_s": times["tableq"], "jdbc_write_s": times["jdbc"],
+                           "copy_s": times["copy"]}
+    out["write_rate"] = n / statistics.median(times["tableq"])
+    out["copy_rate"] = n / statistics.median(times["copy"])
+    results.append((f"batch write: tableq writer (exactly once; median of {args.rounds})", n,
+                    out["write_rate"]))
     if times["jdbc"]:
+        out["jdbc_write_rate"] = n / statistics.median(times["jdbc"])
         results.append(("batch write: Spark JDBC writer into the same table (per-task "
                         f"commits, not exactly once; median of {args.rounds})", n,
-                        statistics.median(times["jdbc"])))
+                        out["jdbc_write_rate"]))
+    results.append((f"bare COPY of the same rows, one connection (median of {args.rounds})", n,
+                    out["copy_rate"]))
 
     m = args.stream_rows
     ck = tempfile.mkdtemp(prefix="tableq-bench-ck-")
     try:
-        # Consume: an AvailableNow query drains a topic of m messages into a noop sink.
         for topic in ("stream-a", "stream-b"):
             frame(m).write.format("tableq").option("url", tq_url).option("topic", topic) \
                 .mode("append").save()
+        if have_jar:
+            # A JDBC batch read of the same rows (id-partitioned, into a noop sink).
+            schema = tableq.url.parse_url(tq_url).namespace
+            jdbc, user, password = _jdbc_url(args.url)
+            lo, hi = q.history_bounds("live", "stream-a") or (0, 0)
+            t = time.perf_counter()
+            (spark.read.format("jdbc").option("url", jdbc)
+             .option("driver", "org.postgresql.Driver").option("user", user)
+             .option("password", password)
+             .option("dbtable", f"(SELECT id, payload, attempts FROM {schema}.message "
+                                "WHERE topic = 'stream-a') m")
+             .option("partitionColumn", "id").option("lowerBound", str(lo))
+             .option("upperBound", str(hi + 1)).option("numPartitions", str(parts))
+             .option("fetchsize", "10000").load()
+             .write.format("noop").mode("overwrite").save())
+            out["jdbc_read_rate"] = m / (time.perf_counter() - t)
+            results.append(("Spark JDBC batch read of the same rows -> noop (no lease, no ack)",
+                            m, out["jdbc_read_rate"]))
+        # Consume: an AvailableNow query drains a topic of m messages into a noop sink.
         t = time.perf_counter()
         (spark.readStream.format("tableq").option("url", tq_url).option("topic", "stream-a")
          .option("maxRows", str(args.max_rows)).load()
          .writeStream.format("noop").option("checkpointLocation", f"{ck}/a")
          .trigger(availableNow=True).start().awaitTermination())
-        took = time.perf_counter() - t
+        out["stream_rate"] = m / (time.perf_counter() - t)
         assert not q.stats("stream-a") or q.stats("stream-a")[0].live == 0
-        results.append((f"stream read (maxRows={args.max_rows}) -> noop, acked", m, took))
+        results.append((f"stream read (maxRows={args.max_rows}) -> noop, acked", m,
+                        out["stream_rate"]))
         # Topic to topic, exactly once: stream-b -> moved through the tableq sink.
         t = time.perf_counter()
         (spark.readStream.format("tableq").option("url", tq_url).option("topic", "stream-b")
@@ -143,27 +218,17 @@ def main() -> None:
          .option("topic", "moved").option("payloadFormat", "json")
          .option("sinkName", "bench").option("checkpointLocation", f"{ck}/b")
          .trigger(availableNow=True).start().awaitTermination())
-        took = time.perf_counter() - t
+        out["a_to_b_rate"] = m / (time.perf_counter() - t)
         moved = q.stats("moved")[0].ready
         assert moved == m, (moved, m)
         results.append((f"stream a -> b through the tableq sink (maxRows={args.max_rows})",
-                        moved, took))
+                        moved, out["a_to_b_rate"]))
     finally:
         shutil.rmtree(ck, ignore_errors=True)
     q.close()
     _drop_schemas(args.url, schemas)
-    print(f"\nPostgreSQL, {args.master}, {parts} partitions, pyspark {spark.version}\n")
-    print("| path | rows | seconds | rows/s |")
-    print("|---|---:|---:|---:|")
-    for name, rows, secs in results:
-        print(f"| {name} | {rows:,} | {secs:.1f} | {rows / secs:,.0f} |")
-    if times["jdbc"]:
-        ratios = [j / t for t, j in zip(times["tableq"], times["jdbc"], strict=True)]
-        print(f"\nper round (s): tableq {', '.join(f'{x:.1f}' for x in times['tableq'])}; "
-              f"jdbc {', '.join(f'{x:.1f}' for x in times['jdbc'])}; tableq speed / JDBC "
-              f"speed per round {', '.join(f'{x:.2f}' for x in ratios)}, median "
-              f"{statistics.median(ratios):.2f}")
     spark.stop()
+    return out
 
 
 def _drop_schemas(base: str, urls: list[str]) -> None:
