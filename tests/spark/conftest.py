@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tableq.testing import wait_until
 
 HERE = Path(__file__).resolve().parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -91,6 +95,48 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_driver(child: subprocess.Popen[bytes]) -> None:
+    """kill -9 a Spark driver started with start_new_session=True and everything it started.
+    Its process group is not enough: PySpark's Python worker daemon moves itself and its
+    workers into a group of their own, and a worker orphaned that way would go on writing
+    after the test believes the driver dead."""
+    if child.poll() is None:
+        orphans = _descendants(child.pid)
+        os.killpg(child.pid, signal.SIGKILL)  # its own session: only what this test started
+        for pid in orphans:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_until(lambda: all(_state(p) == "Z" for p in orphans), timeout=30)
+    child.wait()
+
+
+def _state(pid: int) -> str:
+    """The process state letter; "Z" (dead) for a zombie or a process already reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "Z"  # gone
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh queue database on SQLite and PostgreSQL (the Spark suite's default pair)."""
@@ -101,3 +147,31 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def any_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh queue database on all three backends."""
     yield from _root_conftest().make_url(request.param, tmp_path)
+
+
+def _fault_servers():  # type: ignore[no-untyped-def]
+    """tests/faults/servers.py (throwaway servers), loaded by path like the root conftest."""
+    import importlib.util
+
+    name = "tableq_tests_fault_servers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE.parent / "faults" / "servers.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module", params=["postgres", "mysql"])
+def crash_server(request: pytest.FixtureRequest) -> Iterator[object]:
+    """A throwaway PostgreSQL or MariaDB server that a test may crash and restart (never the
+    shared servers)."""
+    servers = _fault_servers()
+    server = (servers.ThrowawayPostgres() if request.param == "postgres"
+              else servers.ThrowawayMariaDB())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()

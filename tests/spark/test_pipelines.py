@@ -128,7 +128,14 @@ def test_report_from_a_queue_writes_html(spark, url: str, tmp_path: Path) -> Non
     s = rep.summary.set_index("topic")
     assert (s.loc["a"].done, s.loc["a"].dead, s.loc["b"].dead_rate) == (30, 10, 0.3)
     page = (tmp_path / "r.html").read_text()
-    assert "plotly" in page and "Attempts per finished message" in page
+    # One look with the dashboard: figures, real tables, the top errors, SVG charts (one
+    # per scale, so wait seconds and work milliseconds each have their own axis).
+    assert "<table class=\"data\"" in page and "Top dead-letter errors" in page
+    assert page.count("<svg class=\"plot\"") == 4 and "plotly" not in page
+    assert "Wait: available to received" in page and "Work: received to acked" in page
+    assert (rep.errors is not None and int(rep.errors["messages"].sum())
+            == int(rep.summary["dead"].sum()))
+    assert "<script" not in page  # self-contained and inert
     q.close()
 
 

@@ -1,12 +1,17 @@
-"""Streaming through the tableq source and sink: AvailableNow drains and stops; a killed and
-restarted query (same checkpoint) loses nothing and duplicates nothing from topic a to b."""
+"""Streaming through the tableq source and sink: AvailableNow drains and stops; a query from
+topic a to topic b killed with kill -9 at a random point, or whose driver dies right after a
+claim or right after a publish (at a random batch), or whose database server crashed, loses
+nothing and duplicates nothing once restarted on its checkpoint, on SQLite, PostgreSQL and
+MariaDB. The killed driver is a subprocess; the restart drains in this process's session."""
 
 from __future__ import annotations
 
 import os
-import signal
+import random
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,10 @@ from pyspark.sql import functions as F
 import tableq
 from tableq.testing import wait_until
 
-from .conftest import HERE, child_env
+from .conftest import HERE, child_env, kill_driver
+
+N_STREAM = int(os.environ.get("TABLEQ_FAULT_SPARK_N", "150"))  # 10 micro-batches of 15
+BATCH = 15
 
 
 def test_available_now_drains_and_stops(spark, any_url: str, tmp_path: Path) -> None:
@@ -51,42 +59,155 @@ def test_max_rows_and_bad_stream_options(spark, tmp_path: Path) -> None:
         spark.readStream.format("tableq").option("url", url).load()
 
 
-def _child(url: str, checkpoint: Path, mode: str, log: Path,
-           fault: str = "") -> subprocess.Popen[bytes]:
+def _child(url: str, checkpoint: Path, log: Path, fault: str = "") -> subprocess.Popen[bytes]:
+    """A Spark driver running a -> b until it is killed (or dies at its fault point)."""
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, str(HERE / "_stream_child.py"), url, str(checkpoint), mode, "15",
-             fault],
+            [sys.executable, str(HERE / "_stream_child.py"), url, str(checkpoint), "run",
+             str(BATCH), fault],
             stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
 
 
+def _restart_and_drain(spark, url: str, checkpoint: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same query as _stream_child.py, restarted on the checkpoint here, AvailableNow."""
+    src = (spark.readStream.format("tableq").option("url", url).option("topic", "a")
+           .option("maxRows", str(BATCH)).option("numPartitions", "2").load())
+    query = (src.select("payload", "key").writeStream.format("tableq")
+             .option("url", url).option("topic", "b").option("payloadFormat", "json")
+             .option("sinkName", "a-to-b").option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert not query.isActive, "the restarted query did not drain within 240 s"
+
+
+def _check_exactly_once(q: tableq.Queue, n: int, what: str) -> None:
+    got = [m.payload["i"] for m in q.peek("b", limit=10_000)]
+    counts: dict[int, int] = {}
+    for i in got:
+        counts[i] = counts.get(i, 0) + 1
+    lost = sorted(set(range(n)) - set(counts))
+    dup = sum(c - 1 for c in counts.values())
+    line = f"{what}: {len(lost)} lost / {dup} dup of N={n} in topic b"
+    print("\n" + line)
+    assert not lost and not dup, f"{line}; lost {lost[:10]}"
+    a = q.stats("a")[0]
+    assert (a.ready, a.in_flight, a.scheduled) == (0, 0, 0), a
+
+
+def _seeded(name: str) -> random.Random:
+    """A random source whose seed is printed (and can be set with TABLEQ_SPARK_SEED)."""
+    seed = int(os.environ.get("TABLEQ_SPARK_SEED") or random.randrange(10**6))
+    print(f"\n{name}: seed {seed} (TABLEQ_SPARK_SEED={seed} reruns it)")
+    return random.Random(seed)
+
+
+def _last_batch(checkpoint: Path, log: str = "offsets") -> int:
+    """The highest batch id in Spark's offset (or commit) log, -1 before any."""
+    names = [p.name for p in (checkpoint / log).glob("[0-9]*")]
+    return max((int(n) for n in names if n.isdigit()), default=-1)
+
+
+def _dies(child: subprocess.Popen[bytes], log: Path, fault: str) -> None:
+    """Waits for a driver to die at its fault point (failing if it never gets there)."""
+    try:
+        code = child.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        kill_driver(child)
+        raise AssertionError(f"{fault}: the driver never reached its fault point") from None
+    assert code != 0, f"{fault}: the driver exited cleanly\n" + log.read_text()[-3000:]
+
+
 @pytest.mark.slow
-def test_killed_and_restarted_query_is_exactly_once(any_url: str, tmp_path: Path) -> None:
-    url = any_url
-    n = 150
+def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: str,
+                                                               tmp_path: Path) -> None:
+    """One query, three deaths, one checkpoint, then a restart that drains:
+    1. kill -9 of the whole driver at a random moment (after a random number of published
+       rows plus a random fraction of a batch, so it lands anywhere in planning, reading,
+       staging or publishing);
+    2. the restarted driver dies right after leasing a new batch, before Spark logged its
+       offset: the next restart must take those leases over at once (leaseSeconds is 300,
+       so waiting for them would fail the drain);
+    3. the restarted driver dies right after the sink published a batch, before Spark
+       logged its commit: the replay must publish nothing twice (the sink's job ledger).
+    Then topic b holds every message of topic a exactly once."""
+    url, n = any_url, N_STREAM
+    rng = _seeded("random kills")
     q = tableq.connect(url, migrate=True)
     q.send_many("a", [{"i": i} for i in range(n)])
     ck, log = tmp_path / "ck", tmp_path / "child.log"
-    child = _child(url, ck, "run", log)
+    after_rows, extra_s = rng.randint(1, 3 * BATCH), rng.uniform(0.0, 1.5)
+    child = _child(url, ck, log)
     try:
-        # Kill the driver (JVM, Python workers and all) once some batches have gone through.
-        wait_until(lambda: q.stats("b")[0].ready >= 45 or child.poll() is not None,
+        wait_until(lambda: q.stats("b")[0].ready >= after_rows or child.poll() is not None,
                    timeout=180, interval=0.05)
         assert child.poll() is None, log.read_text()[-3000:]
+        # The fault's random timing, cut short while topic a still holds enough for the two
+        # deaths that follow (each needs a batch that really comes: at most one more batch is
+        # published before the kill lands, and at most one is leased and unpublished).
+        until = time.monotonic() + extra_s
+        while time.monotonic() < until and q.stats("b")[0].ready < n - 5 * BATCH:
+            time.sleep(0.02)
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)  # its own session: only what this test started
-        child.wait()
+        kill_driver(child)
     moved = q.stats("b")[0].ready
-    assert moved < n, "the query finished before it was killed: nothing was tested"
-    drain = _child(url, ck, "drain", log)
-    assert drain.wait(timeout=240) == 0, log.read_text()[-3000:]
-    b = q.peek("b", limit=10_000)
-    got = [m.payload["i"] for m in b]
-    assert len(got) == n, f"{len(got)} messages in b for {n} sent (killed at {moved})"
-    assert sorted(got) == list(range(n)), "lost or duplicated messages"
+    # Batch id B is leased under sequence B + 1 of the checkpoint's epoch. After the last
+    # logged batch L (replayed if it was not committed, which leases nothing), the next fresh
+    # lease is sequence L + 2: die there or one batch later.
+    claim = f"exit-after-claim:{_last_batch(ck) + 1 + rng.randint(1, 2)}"
+    # The fault ends the Python process that runs the source (os._exit), so the query fails
+    # at that point as if its driver had died: nothing after it reaches Spark's logs.
+    _dies(_child(url, ck, log, fault=claim), log, claim)
+    orphaned = q.stats("a")[0].in_flight
+    assert orphaned == BATCH, "the death should leave exactly the orphaned batch leased"
+    # The next batch always exists (the orphaned leases are taken over); one batch later only
+    # if topic a still holds two batches' worth, else the driver would never get there.
     a = q.stats("a")[0]
-    assert (a.ready, a.in_flight, a.scheduled) == (0, 0, 0)
+    later = rng.randint(0, 1) if a.ready + a.in_flight >= 2 * BATCH else 0
+    publish_batch = _last_batch(ck, "commits") + 1 + later
+    publish = f"exit-after-publish:{publish_batch}"
+    _dies(_child(url, ck, log, fault=publish), log, publish)
+    assert q.staged_job_state(f"a-to-b:{publish_batch}") == "committed"
+    # Spark never logged that batch's commit, so the restart replays it (publishing nothing
+    # twice), even when it was the last batch and topic b already holds every row.
+    assert _last_batch(ck, "commits") < publish_batch, "Spark logged the commit: no replay"
+    _restart_and_drain(spark, url, ck)
+    _check_exactly_once(q, n, f"kill -9 after {moved} rows (+ up to {extra_s:.2f} s), then "
+                              f"{claim} ({orphaned} left leased), then {publish}")
+    q.close()
+
+
+@pytest.mark.slow
+def test_restarted_after_the_database_server_crashed(spark, crash_server,
+                                                      tmp_path: Path) -> None:
+    """The server under a running query is crashed (PostgreSQL: immediate stop, no shutdown
+    checkpoint; MariaDB: kill -9) at a random point; the query dies with it (or is killed if
+    it is still waiting); the server comes back with crash recovery; the query restarted on
+    its checkpoint loses and duplicates nothing. (SQLite has no server: the kill test above
+    covers its restart.)"""
+    url, n = crash_server.url("tq_" + uuid.uuid4().hex[:8]), N_STREAM
+    rng = _seeded("server crash")
+    q = tableq.connect(url, migrate=True)
+    q.send_many("a", [{"i": i} for i in range(n)])
+    ck, log = tmp_path / "ck", tmp_path / "child.log"
+    after_rows = rng.randint(1, n - 3 * BATCH)
+    child = _child(url, ck, log)
+    try:
+        wait_until(lambda: q.stats("b")[0].ready >= after_rows or child.poll() is not None,
+                   timeout=180, interval=0.05)
+        assert child.poll() is None, log.read_text()[-3000:]
+        crash_server.crash()
+        try:  # a driver that lost its database fails its query; one still retrying is killed
+            ended = f"the driver exited with {child.wait(timeout=30)}"
+        except subprocess.TimeoutExpired:
+            ended = "the driver was still running after 30 s and was killed"
+    finally:
+        kill_driver(child)
+        if not crash_server.is_running():
+            crash_server.restart()
+    moved = q.stats("b")[0].ready
+    assert moved < n, "the query finished before the crash: nothing was tested"
+    _restart_and_drain(spark, url, ck)
+    _check_exactly_once(q, n, f"{crash_server.dialect} crashed after {moved} rows ({ended})")
     q.close()
 
 
@@ -106,46 +227,3 @@ def test_stream_sink_rejects_bad_columns_when_the_query_starts(spark, tmp_path: 
     q.close()
 
 
-@pytest.mark.slow
-def test_a_batch_leased_but_never_logged_is_taken_over_on_restart(url: str,
-                                                                  tmp_path: Path) -> None:
-    """The driver dies after latestOffset leased batch 3 and before Spark wrote offsets/2 (batch
-    ids count from 0): the restarted query must reuse those leases at once, not wait for them
-    to expire (leaseSeconds is 300)."""
-    n = 60
-    q = tableq.connect(url, migrate=True)
-    q.send_many("a", [{"i": i} for i in range(n)])
-    ck, log = tmp_path / "ck", tmp_path / "child.log"
-    crashed = _child(url, ck, "run", log, fault="exit-after-claim:3")
-    assert crashed.wait(timeout=180) != 0, log.read_text()[-3000:]
-    a = q.stats("a")[0]
-    assert a.in_flight == 15, "the crash should leave exactly the orphaned batch leased"
-    drain = _child(url, ck, "drain", log)
-    assert drain.wait(timeout=240) == 0, log.read_text()[-3000:]
-    got = [m.payload["i"] for m in q.peek("b", limit=10_000)]
-    assert sorted(got) == list(range(n)), "lost or duplicated messages"
-    a = q.stats("a")[0]
-    assert (a.ready, a.in_flight) == (0, 0)
-    q.close()
-
-
-@pytest.mark.slow
-def test_a_batch_published_but_not_logged_is_not_published_twice(tmp_path: Path) -> None:
-    """The driver dies right after the sink published batch 1 and before Spark recorded it:
-    the restarted query replays batch 1, and the sink's job ledger turns it into a no-op."""
-    n = 45
-    url = f"sqlite:///{tmp_path}/ledger.db"
-    q = tableq.connect(url, migrate=True)
-    q.send_many("a", [{"i": i} for i in range(n)])
-    ck, log = tmp_path / "ck", tmp_path / "child.log"
-    crashed = _child(url, ck, "run", log, fault="exit-after-publish:1")
-    assert crashed.wait(timeout=180) != 0, log.read_text()[-3000:]
-    assert q.stats("b")[0].ready == 30  # batches 0 and 1 were published
-    assert q.staged_job_state("a-to-b:1") == "committed"
-    drain = _child(url, ck, "drain", log)
-    assert drain.wait(timeout=240) == 0, log.read_text()[-3000:]
-    got = [m.payload["i"] for m in q.peek("b", limit=10_000)]
-    assert sorted(got) == list(range(n)), "lost or duplicated messages"
-    a = q.stats("a")[0]
-    assert (a.ready, a.in_flight) == (0, 0)
-    q.close()

@@ -230,14 +230,12 @@ def test_due_times_follow_delay(spark, url: str) -> None:
 @pytest.mark.slow
 def test_a_killed_driver_leaves_nothing_visible_and_the_janitor_cleans_up(
         spark, url: str, tmp_path: Path) -> None:
-    import os
-    import signal
     import subprocess
     import sys
 
     from tableq.testing import wait_until
 
-    from .conftest import HERE, child_env
+    from .conftest import HERE, child_env, kill_driver
 
     q = tableq.connect(url, migrate=True)
     log = tmp_path / "child.log"
@@ -250,9 +248,7 @@ def test_a_killed_driver_leaves_nothing_visible_and_the_janitor_cleans_up(
                    timeout=120, interval=0.05)
         assert child.poll() is None, log.read_text()[-3000:]
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)  # its own session: only what this test started
-        child.wait()
+        kill_driver(child)
     assert q.stats("jobs")[0].ready == 0  # staged, never published
     assert q.staged_job_state("killed") == "open"
     _save(spark.range(3).select(F.struct("id").alias("payload")), url, staleJobSeconds="0")

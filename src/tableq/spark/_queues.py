@@ -7,23 +7,24 @@ from __future__ import annotations
 import os
 import threading
 
-import tableq
+from tableq.connect import connect
+from tableq.queue import Queue
 
 _LOCK = threading.Lock()
-_QUEUES: dict[tuple[int, str, bool], tableq.Queue] = {}
+_QUEUES: dict[tuple[int, str, bool], Queue] = {}
 
 
-def queue_for(url: str, *, retention: bool = False) -> tableq.Queue:
+def queue_for(url: str, *, retention: bool = False) -> Queue:
     key = (os.getpid(), url, retention)
     with _LOCK:
         q = _QUEUES.get(key)
         if q is None:
-            q = tableq.connect(url, retention=retention)
+            q = connect(url, retention=retention)
             _QUEUES[key] = q
         return q
 
 
-def ensure_kinds(q: tableq.Queue, kinds: set[str]) -> None:
+def ensure_kinds(q: Queue, kinds: set[str]) -> None:
     """The sink passes payloads through unchanged, so any kind is accepted as-is (a worker
     has no user codecs); Queue refuses kinds it has not seen registered."""
     known = set(q.kinds.names())

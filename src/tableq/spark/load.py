@@ -14,7 +14,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from tableq.spark.options import WRITE_COLUMNS
+from tableq.spark.options import WRITE_COLUMNS, SinkOnDuplicate
 
 log = logging.getLogger("tableq.spark")
 FORMATS = {"csv": "csv", "json": "json", "jsonl": "json", "ndjson": "json",
@@ -75,7 +75,7 @@ def to_queue_columns(df: DataFrame, *, key: str | None = None,
 
 
 def write(df: DataFrame, url: str, topic: str, *, job: str | None = None,
-          on_duplicate: str = "ignore", payload_format: str = "string",
+          on_duplicate: SinkOnDuplicate = "ignore", payload_format: str = "string",
           on_progress: Callable[[int, int], None] | None = None,
           count: bool = True) -> LoadResult:
     import uuid
@@ -94,7 +94,7 @@ def write(df: DataFrame, url: str, topic: str, *, job: str | None = None,
 
 def load_file(spark: Any, url: str, topic: str, path: str, *, fmt: str | None = None,
               key: str | None = None, payload_columns: list[str] | None = None,
-              on_duplicate: str = "ignore", payload_format: str = "string",
+              on_duplicate: SinkOnDuplicate = "ignore", payload_format: str = "string",
               on_progress: Callable[[int, int], None] | None = None) -> LoadResult:
     """Bulk-enqueues the rows of a CSV (with a header), JSON-lines or Parquet file."""
     kind = FORMATS.get((fmt or path.rsplit(".", 1)[-1]).lower())

@@ -5,15 +5,17 @@ them into typed, frozen values and says exactly which option is wrong and what i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from tableq.errors import InvalidArgument
 from tableq.names import check_topic
+from tableq.url import redact
 
 SOURCES = {"live": "live", "dead": "dead", "archive": "done", "done": "done"}
-ON_DUPLICATE = ("ignore", "replace")
+SinkOnDuplicate = Literal["ignore", "replace"]  # a staged load cannot refuse ("error")
+ON_DUPLICATE: tuple[SinkOnDuplicate, ...] = get_args(SinkOnDuplicate)
 PAYLOAD_FORMATS = ("string", "json")
 # Columns the sink understands; anything else in the DataFrame is refused at planning.
 WRITE_COLUMNS = ("payload", "payload_bytes", "topic", "key", "kind", "headers", "priority",
@@ -116,9 +118,15 @@ def _time(opts: Mapping[str, str], name: str) -> datetime | None:
         return None
     text = raw.strip()
     try:
-        return datetime.fromtimestamp(float(text), UTC)
+        number = float(text)
     except ValueError:
-        pass
+        number = None
+    if number is not None:
+        try:
+            return datetime.fromtimestamp(number, UTC)
+        except (ValueError, OverflowError, OSError):  # nan, inf, beyond year 9999
+            raise OptionError(name, f"must be Unix seconds between 0 and year 9999 or an ISO "
+                                    f"8601 time, not {raw!r}") from None
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
@@ -130,11 +138,22 @@ def url_of(opts: Mapping[str, str]) -> str:
     return _required(opts, "url", "postgresql://user@host/db")
 
 
-@dataclass(frozen=True)
-class WriteOptions:
+class _HasURL:
+    """The options carry the URL to the executors, password included; reprs leave it out
+    (the dataclasses mark it repr=False) and messages use `where`."""
+
     url: str
+
+    @property
+    def where(self) -> str:
+        return redact(self.url)
+
+
+@dataclass(frozen=True)
+class WriteOptions(_HasURL):
+    url: str = field(repr=False)  # may hold a password: never in a repr (see where)
     topic: str | None  # None when every row names its topic in a `topic` column
-    on_duplicate: str
+    on_duplicate: SinkOnDuplicate
     payload_format: str
     job_id: str | None
     stale_job_seconds: float
@@ -157,7 +176,8 @@ class WriteOptions:
         return cls(
             url=url,
             topic=_topic(opts, required=not has_topic_column),
-            on_duplicate=_choice(opts, "onDuplicate", ON_DUPLICATE, "ignore"),
+            on_duplicate="replace" if _choice(opts, "onDuplicate", ON_DUPLICATE,
+                                              "ignore") == "replace" else "ignore",
             payload_format=_choice(opts, "payloadFormat", PAYLOAD_FORMATS, "string"),
             job_id=job_id,
             stale_job_seconds=_float(opts, "staleJobSeconds", STALE_JOB_SECONDS_DEFAULT),
@@ -167,8 +187,8 @@ class WriteOptions:
 
 
 @dataclass(frozen=True)
-class ReadOptions:
-    url: str
+class ReadOptions(_HasURL):
+    url: str = field(repr=False)
     topic: str | None
     source: str  # 'live', 'dead' or 'done'
     lo: int | None
@@ -193,8 +213,8 @@ class ReadOptions:
 
 
 @dataclass(frozen=True)
-class StreamOptions:
-    url: str
+class StreamOptions(_HasURL):
+    url: str = field(repr=False)
     topic: str
     max_rows: int
     lease_seconds: float

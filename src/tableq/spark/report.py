@@ -1,7 +1,9 @@
 """The report pipeline: per topic, throughput over time, latency percentiles (available ->
 received, received -> acked), the attempts distribution and failure / dead-letter rates, from
 the done archive (retention=True) and the dead-letter store, optionally with archived Parquet.
-Prints a table and writes an HTML page with plotly charts. No SQL on the queue here.
+Prints a table and writes a self-contained HTML page in tableq's one look (tableq.look: summary
+figures, real tables, the top dead-letter errors, SVG charts with a scale per series). No SQL
+on the queue here.
 
 Definitions (per topic, over finished messages = done + dead):
 - wait_s = received_at - first_available_at of a done message (its last delivery);
@@ -13,8 +15,8 @@ Definitions (per topic, over finished messages = done + dead):
 
 from __future__ import annotations
 
-import html
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from pyspark.sql import functions as F
 
 log = logging.getLogger("tableq.spark")
 PERCENTILES = (0.5, 0.9, 0.99)
+TOP_ERRORS = 10
 
 
 @dataclass
@@ -31,13 +34,16 @@ class Report:
     summary: Any  # pandas DataFrame, one row per topic
     attempts: Any  # pandas DataFrame: topic, attempts, messages
     throughput: Any  # pandas DataFrame: topic, bucket, done
+    errors: Any = None  # pandas DataFrame: topic, error, messages (most frequent first)
     html_path: str | None = None
 
     def table(self) -> str:
         cols = ["topic", "done", "dead", "failure_rate", "dead_rate", "rate_per_s",
                 "wait_p50_s", "wait_p90_s", "wait_p99_s", "work_p50_s", "work_p90_s",
                 "work_p99_s"]
-        return self.summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+        text: str = self.summary[cols].to_string(index=False,
+                                                 float_format=lambda v: f"{v:.3f}")
+        return text
 
 
 def _seconds(a: str, b: str) -> Any:
@@ -74,7 +80,15 @@ def compute(done: DataFrame, dead: DataFrame, *, bucket: str = "1 minute") -> Re
                 .orderBy("topic", "attempts"))
     throughput = (done.groupBy("topic", F.window("done_at", bucket).start.alias("bucket"))
                   .agg(F.count(F.lit(1)).alias("done")).orderBy("topic", "bucket"))
-    return Report(s.toPandas(), attempts.toPandas(), throughput.toPandas())
+    errors = None
+    if "error" in dead.columns:
+        # The last line of an error (a traceback ends with the exception) groups alike ones.
+        last = F.trim(F.element_at(F.split(F.trim(F.coalesce(F.col("error"), F.lit(""))),
+                                           "\n"), -1))
+        errors = (dead.select("topic", last.alias("error")).groupBy("topic", "error")
+                  .agg(F.count(F.lit(1)).alias("messages"))
+                  .orderBy(F.desc("messages"), "topic", "error").limit(TOP_ERRORS).toPandas())
+    return Report(s.toPandas(), attempts.toPandas(), throughput.toPandas(), errors)
 
 
 def report(spark: Any, url: str, *, html_path: str | None = None,
@@ -86,14 +100,15 @@ def report(spark: Any, url: str, *, html_path: str | None = None,
         r = spark.read.format("tableq").option("url", url).option("source", source)
         if topic is not None:
             r = r.option("topic", topic)
-        return r.load()
+        df: DataFrame = r.load()
+        return df
 
     done, dead = read("archive"), read("dead")
     if archive_path is not None:
         done, dead = _with_archive(spark, done, dead, archive_path, topic)
     rep = compute(done, dead, bucket=bucket)
     if html_path is not None:
-        rep.html_path = write_html(rep, html_path)
+        rep.html_path = write_html(rep, html_path, archive=archive_path is not None)
     return rep
 
 
@@ -112,32 +127,75 @@ def _with_archive(spark: Any, done: DataFrame, dead: DataFrame, path: str,
     return add(done, "done"), add(dead, "dead")
 
 
-def write_html(rep: Report, path: str) -> str:
-    import plotly.express as px
+def _num(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
 
-    figs = []
-    if len(rep.throughput):
-        # Markers too: a short run may fill a single bucket, which a bare line cannot show.
-        figs.append(px.line(rep.throughput, x="bucket", y="done", color="topic", markers=True,
-                            title="Throughput: messages done per bucket"))
-    if len(rep.attempts):
-        figs.append(px.bar(rep.attempts, x="attempts", y="messages", color="topic",
-                           barmode="group", title="Attempts per finished message"))
-    if len(rep.summary):
-        lat = rep.summary.melt(id_vars=["topic"], value_name="seconds", var_name="percentile",
-                               value_vars=[c for c in rep.summary.columns
-                                           if c.startswith(("wait_p", "work_p"))])
-        figs.append(px.bar(lat, x="percentile", y="seconds", color="topic", barmode="group",
-                           title="Latency percentiles (wait = available to received, "
-                                 "work = received to acked)"))
-        figs.append(px.bar(rep.summary, x="topic", y=["failure_rate", "dead_rate"],
-                           barmode="group", title="Failure and dead-letter rates"))
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0))
-             for i, fig in enumerate(figs)]
-    page = ("<!doctype html><html><head><meta charset='utf-8'><title>tableq report</title>"
-            "</head><body><h1>tableq report</h1>"
-            f"<pre>{html.escape(rep.table())}</pre>" + "".join(parts) + "</body></html>")
+
+def page(rep: Report, *, title: str = "tableq report", archive: bool = False) -> str:
+    """The report as one self-contained HTML page (styles inlined, charts as SVG)."""
+    from datetime import UTC, datetime
+
+    from markupsafe import Markup
+
+    from tableq.look import charts, environment, fmt_duration, fmt_number, fmt_pct, stylesheet
+
+    summary = rep.summary
+    rows_s = summary.to_dict("records") if len(summary) else []
+    done = sum(int(r["done"] or 0) for r in rows_s)
+    dead = sum(int(r["dead"] or 0) for r in rows_s)
+    finished = done + dead
+    rate = sum(_num(r["rate_per_s"]) or 0.0 for r in rows_s)
+    figures = [("topics", fmt_number(len(rows_s)), None), ("done", fmt_number(done), None),
+               ("dead", fmt_number(dead), None),
+               ("dead rate", fmt_pct(dead / finished if finished else None), None),
+               ("throughput", f"{rate:,.1f}/s", "sum of the topics' done rates")]
+    columns = ["topic", "done", "dead", "failure rate", "dead rate", "done/s", "wait p50",
+               "wait p99", "work p50", "work p99"]
+    rows = [[r["topic"], fmt_number(r["done"]), fmt_number(r["dead"]), fmt_pct(r["failure_rate"]),
+             fmt_pct(r["dead_rate"]),
+             "–" if _num(r["rate_per_s"]) is None else f"{_num(r['rate_per_s']):,.1f}",
+             fmt_duration(_num(r["wait_p50_s"])), fmt_duration(_num(r["wait_p99_s"])),
+             fmt_duration(_num(r["work_p50_s"])), fmt_duration(_num(r["work_p99_s"]))]
+            for r in rows_s]
+    topics = [r["topic"] for r in rows_s]
+    chart_list = []
+    tp = rep.throughput
+    series = []
+    for topic in sorted(set(tp["topic"])) if len(tp) else []:
+        part = tp[tp["topic"] == topic]
+        series.append((topic, [(b.timestamp(), float(n)) for b, n in
+                               zip(part["bucket"], part["done"], strict=True)]))
+    chart_list.append(charts.line_chart("Throughput: messages done per bucket", series,
+                                        unit="messages"))
+    for name, label in (("wait", "Wait: available to received"),
+                        ("work", "Work: received to acked")):
+        cols = [f"{name}_p{p}_s" for p in (50, 90, 99)]
+        values = [_num(r[c]) for r in rows_s for c in cols]
+        unit, factor = charts.seconds_unit([v for v in values if v is not None])
+        chart_list.append(charts.bar_chart(
+            label, topics, [(c.split("_")[1], [(_num(r[c]) or 0.0) * factor for r in rows_s])
+                            for c in cols], unit=unit))
+    chart_list.append(charts.bar_chart(
+        "Failure and dead-letter rates", topics,
+        [("failure rate", [(_num(r["failure_rate"]) or 0.0) * 100 for r in rows_s]),
+         ("dead rate", [(_num(r["dead_rate"]) or 0.0) * 100 for r in rows_s])], unit="%"))
+    errors = ([[e["topic"], e["error"] or "(no error text)", fmt_number(e["messages"])]
+               for e in rep.errors.to_dict("records")] if rep.errors is not None else [])
+    attempts = [[a["topic"], fmt_number(a["attempts"]), fmt_number(a["messages"])]
+                for a in rep.attempts.to_dict("records")] if len(rep.attempts) else []
+    return environment().get_template("report.html").render(
+        title=title, where="Spark report", css=Markup(stylesheet()),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), archive=archive,
+        summary=figures, columns=columns, rows=rows,
+        numeric=columns[1:], charts=chart_list, errors=errors, attempts=attempts)
+
+
+def write_html(rep: Report, path: str, *, archive: bool = False) -> str:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(page, encoding="utf-8")
+    Path(path).write_text(page(rep, archive=archive), encoding="utf-8")
     log.info("tableq.report_written path=%s", path)
     return str(path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, cast
 
 import pyarrow.compute as pc
 from pyspark import TaskContext
@@ -103,7 +103,7 @@ def check_write_schema(schema: StructType) -> tuple[tuple[str, DataType], ...]:
     if headers is not None:
         dt = headers.dataType
         values = ([dt.keyType, dt.valueType] if isinstance(dt, MapType)
-                  else [x.dataType for x in dt.fields])  # type: ignore[union-attr]
+                  else [x.dataType for x in cast(StructType, dt).fields])
         if not all(isinstance(v, StringType) for v in values):
             raise ColumnError("headers", f"has type {dt.simpleString()}; keys and values must "
                               "be strings")
@@ -204,7 +204,8 @@ def _headers(v: Any) -> dict[str, str] | None:
 def _at(v: Any) -> datetime | None:
     if v is None:
         return None
-    return v if v.tzinfo is not None else v.replace(tzinfo=UTC)
+    when: datetime = v if v.tzinfo is not None else v.replace(tzinfo=UTC)
+    return when
 
 
 def _delay(v: Any) -> float | None:
@@ -229,7 +230,7 @@ class RowMapper:
             texts = _struct_json(arr, dt)
             if texts is not None:
                 return [EncodedJson(t) for t in texts]
-        values = arr.to_pylist()
+        values: list[Any] = arr.to_pylist()
         if not _plain(dt) or (isinstance(dt, StringType) and self.opts.payload_format == "json"):
             convert = _payload_converter(dt, self.opts.payload_format)
             values = [convert(v) for v in values]

@@ -9,7 +9,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -53,7 +53,7 @@ def _columns(schema: str) -> list[str]:
 def to_tuple(row: dict[str, Any], columns: Sequence[str]) -> tuple[Any, ...]:
     """A queue row (from history() or a Message) as a tuple in schema order: JSON payloads as
     JSON text in `payload`, byte payloads in `payload_bytes`."""
-    out = []
+    out: list[Any] = []
     payload = row.get("payload")
     for name in columns:
         if name == "payload":
@@ -154,7 +154,7 @@ def _no_overwrite(overwrite: bool) -> None:
 
 @dataclass(frozen=True)
 class IdRange(InputPartition):
-    url: str
+    url: str = field(repr=False)  # travels to the executors; never shown (it may hold a password)
     source: str
     topic: str | None
     lo: int
@@ -209,7 +209,7 @@ class TableqBatchReader(DataSourceReader):
 
 @dataclass(frozen=True)
 class LeasePart(InputPartition):
-    url: str
+    url: str = field(repr=False)
     topic: str
     lease: str
     k: int
