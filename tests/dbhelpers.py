@@ -25,3 +25,21 @@ def driver_connection(url: str):  # type: ignore[no-untyped-def]
 
     return pymysql.connect(host=u.host, port=u.port or 3306, user=u.user or "root",
                            password=u.password or "", database=u.database, autocommit=False)
+
+
+def root_conftest():  # type: ignore[no-untyped-def]
+    """tests/conftest.py as a module (PG_URL, require, make_url). Loaded by path: other
+    conftest.py files (tests/faults, tests/spark) may hold the name `conftest` first."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "tableq_tests_root_conftest"  # the name tests/spark/conftest.py loads it under
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(
+            "conftest.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
+import time
+import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 import tableq
+from tableq.testing import wait_until
+from tableq.url import parse_url
 
 CTX = mp.get_context("fork")
 
@@ -78,16 +85,96 @@ def test_concurrent_senders_of_the_same_keys_make_one_live_message_each(db_url: 
         assert len(live) == 300 and len({m.key for m in live}) == 300
 
 
-def _migrate(url: str, out: mp.Queue) -> None:
+MIGRATORS = 4
+
+
+def _migrate(url: str, barrier: Any, stamps: Any, slot: int, out: mp.Queue) -> None:
     with tableq.connect(url) as q:
-        out.put(q.migrate())
+        q.now()  # connected already: after the barrier, migrate() is the first thing we do
+        barrier.wait(timeout=120)
+        stamps[2 * slot] = time.monotonic()  # the same clock in every process (Linux)
+        applied = q.migrate()
+        stamps[2 * slot + 1] = time.monotonic()
+    out.put(applied)
+
+
+@contextmanager
+def _migration_lock_held(url: str) -> Iterator[Callable[[], int | None]]:
+    """Holds the lock migrate() takes, from a connection of our own. Yields a function that
+    counts the sessions waiting for it (None where the database cannot tell: SQLite)."""
+    from dbhelpers import driver_connection
+
+    u = parse_url(url)
+    conn = driver_connection(url)
+    cur = conn.cursor()
+    try:
+        if u.dialect == "postgres":
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext('tableq.migrate.' || %s))",
+                        (u.namespace,))
+            mine = conn.info.backend_pid
+            watcher = driver_connection(url)
+            watcher.autocommit = True
+
+            def waiting() -> int | None:
+                return watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE "
+                                       "%s = ANY(pg_blocking_pids(pid))", (mine,)).fetchone()[0]
+        elif u.dialect == "mysql":
+            cur.execute("SELECT GET_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %s), 0)",
+                        (u.namespace,))
+            assert cur.fetchone()[0] == 1
+            watcher = driver_connection(url)
+            watcher.autocommit(True)
+
+            def waiting() -> int | None:
+                with watcher.cursor() as w:
+                    w.execute("SELECT count(*) FROM information_schema.processlist WHERE "
+                              "db = DATABASE() AND state = 'User lock'")
+                    return w.fetchone()[0]
+        else:
+            conn.isolation_level = None
+            conn.execute("PRAGMA journal_mode=WAL")  # as tableq's connections will set it
+            conn.execute("BEGIN IMMEDIATE")  # the write lock migrate() begins with
+            watcher = None
+
+            def waiting() -> int | None:
+                return None
+        yield waiting
+    finally:
+        conn.rollback() if u.dialect != "sqlite" else conn.execute("ROLLBACK")
+        conn.close()
+        if watcher is not None:
+            watcher.close()
 
 
 def test_concurrent_migrations_apply_each_version_once(db_url: str) -> None:
-    results = _run_all(_migrate, [(db_url,)] * 4)
+    barrier = CTX.Barrier(MIGRATORS + 1)
+    stamps = CTX.Array("d", 2 * MIGRATORS)
+    out: mp.Queue = CTX.Queue()
+    # Forked before our own connections exist: a child must not inherit an open database
+    # connection (SQLite would even inherit the lock state in memory and wait forever).
+    procs = [CTX.Process(target=_migrate, args=(db_url, barrier, stamps, i, out))
+             for i in range(MIGRATORS)]
+    for proc in procs:
+        proc.start()
+    with _migration_lock_held(db_url) as waiting:
+        barrier.wait(timeout=120)  # all connected; now they all call migrate() at once
+        wait_until(lambda: all(stamps[2 * i] for i in range(MIGRATORS)), timeout=60)
+        if waiting() is not None:  # and they really queue on the lock
+            wait_until(lambda: waiting() == MIGRATORS, timeout=60)
+        released = time.monotonic()
+    results = [out.get(timeout=240) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    starts, ends = stamps[0::2], stamps[1::2]
+    # Every migrator was inside migrate() while the lock was held: they overlapped.
+    assert max(starts) < released < min(ends), (starts, released, ends)
     applied = sorted(v for r in results for v in r)
-    assert applied == list(range(1, len(applied) + 1))  # each version once, none skipped
+    assert sum(1 for r in results if r) == 1  # one migrator did it all; the others found it done
     with tableq.connect(db_url) as q:
+        # Each version once, none skipped (versions need not be contiguous: a backend ships
+        # only the migrations it needs).
+        assert applied == sorted(q.backend.known_migrations())
         assert q.migrate() == [] and q.backend.schema_version() == applied[-1]
         q.send("after", 1)
         assert q.receive("after")[0].payload == 1
@@ -101,8 +188,10 @@ def _kill_sessions(q: tableq.Queue) -> None:
     admin = driver_connection(q.backend.url.raw)
     cur = admin.cursor()
     if q.dialect == "postgres":
+        # Only this test's sessions: the server is shared with other tests (and engineers).
         cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE application_name = 'tableq' AND pid <> pg_backend_pid()")
+                    "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                    (q.backend.connect_kwargs["application_name"],))
     else:
         cur.execute("SELECT id FROM information_schema.processlist "
                     "WHERE db = DATABASE() AND id <> CONNECTION_ID()")
@@ -114,7 +203,8 @@ def _kill_sessions(q: tableq.Queue) -> None:
 
 @pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
 def test_connections_killed_by_the_server_are_replaced_not_surfaced(db_url: str) -> None:
-    with tableq.connect(db_url, migrate=True) as q:
+    own = {"application_name": f"tableq-{uuid.uuid4().hex[:8]}"} if "postgres" in db_url else {}
+    with tableq.connect(db_url, migrate=True, **own) as q:
         q.send("k", 1)
         q.stats()
         _kill_sessions(q)

@@ -3,6 +3,8 @@
 from tableq.codecs import JsonText
 from tableq.connect import connect
 from tableq.errors import (
+    AccessError,
+    AuthenticationFailed,
     ConfigurationError,
     DatabaseBusy,
     DatabaseError,
@@ -19,22 +21,26 @@ from tableq.errors import (
     PayloadError,
     PayloadInvalid,
     PayloadTooLarge,
+    PermissionDenied,
+    RemoteError,
     SchemaNotMigrated,
+    ServerUnavailable,
     StorageFull,
     TableqError,
     UnknownKind,
     UnsupportedDatabase,
 )
-from tableq.message import DeadLetter, Message, SendResult
+from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult, SendStatus
 from tableq.queue import Queue
 from tableq.stats import TopicStats
 from tableq.transaction import Transaction
-from tableq.worker import App, Backoff
-
-__version__ = "0.1.0"
+from tableq.version import __version__
+from tableq.worker import App, Backoff, WorkerMode
 
 __all__ = [
+    "AccessError",
     "App",
+    "AuthenticationFailed",
     "Backoff",
     "ConfigurationError",
     "DatabaseBusy",
@@ -52,18 +58,25 @@ __all__ = [
     "Message",
     "MissingDriver",
     "NotFound",
+    "OnDuplicate",
     "PayloadError",
     "PayloadInvalid",
     "PayloadTooLarge",
+    "PermissionDenied",
     "Queue",
+    "ReceiveMode",
+    "RemoteError",
     "SchemaNotMigrated",
     "SendResult",
+    "SendStatus",
+    "ServerUnavailable",
     "StorageFull",
     "TableqError",
     "TopicStats",
     "Transaction",
     "UnknownKind",
     "UnsupportedDatabase",
+    "WorkerMode",
     "__version__",
     "connect",
 ]

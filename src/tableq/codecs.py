@@ -1,16 +1,20 @@
 """Payload encoding and the registry of kinds (validated payload types). Pure: no I/O.
 
 A payload is stored either as JSON text (the default, queryable in SQL) or as raw bytes.
-A registered kind validates the payload on send (encode) and on receive (decode)."""
+A registered kind validates the payload on send (encode) and on receive (decode). A kind
+registered with a model class also names the payloads of that class: sending an instance
+without kind= sends it as that kind."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tableq.errors import PayloadInvalid, PayloadTooLarge, UnknownKind
+from tableq.errors import InvalidArgument, PayloadInvalid, PayloadTooLarge, UnknownKind
 from tableq.names import check_kind
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -29,6 +33,12 @@ class Codec:
     decode: Callable[[Any], Any]
 
 
+def _is_model(value: object) -> bool:
+    """A pydantic v2 model or msgspec Struct class (duck-typed, as codec_for_model takes)."""
+    return isinstance(value, type) and (hasattr(value, "__struct_fields__")
+                                        or hasattr(value, "model_validate"))
+
+
 def codec_for_model(model: Any) -> Codec:
     """A codec from a pydantic v2 model class (model_validate / model_dump) or a msgspec
     Struct class (msgspec.convert / to_builtins), both duck-typed."""
@@ -41,8 +51,9 @@ def codec_for_model(model: Any) -> Codec:
 
         return Codec(encode=encode_struct, decode=lambda v: msgspec.convert(v, model))
     if not hasattr(model, "model_validate"):
-        raise TypeError(f"{model!r} is neither a pydantic model class (model_validate) nor a "
-                        "msgspec Struct class")
+        raise InvalidArgument(f"model= takes a pydantic model class (with model_validate) or a "
+                              f"msgspec Struct class, not {model!r}; for other validators pass "
+                              "encode= and decode= functions")
 
     def encode(value: Any) -> Any:
         obj = value if isinstance(value, model) else model.model_validate(value)
@@ -57,22 +68,61 @@ class KindRegistry:
 
     def __init__(self, *, strict: bool = True) -> None:
         self._codecs: dict[str, Codec] = {}
+        self._model_kinds: dict[type, str] = {}  # model class -> the kind it was registered as
         self.strict = strict
 
     def register(
         self,
-        kind: str,
+        kind: str | type[Any],
         encode: Callable[[Any], Any] | None = None,
         decode: Callable[[Any], Any] | None = None,
         *,
-        model: Any = None,
-    ) -> None:
+        model: type[Any] | None = None,
+    ) -> str:
+        """Registers a kind and returns its name. `register(Email)` is
+        `register("Email", model=Email)`: the kind is named after the model class."""
+        if isinstance(kind, type):
+            if not _is_model(kind):
+                raise InvalidArgument(
+                    f"register_kind takes a kind name, or a pydantic model class or msgspec "
+                    f"Struct class alone, not the class {kind.__name__}; for other "
+                    "validators pass a name with encode= and decode= functions")
+            if model is not None or encode is not None or decode is not None:
+                raise InvalidArgument(
+                    f"register_kind({kind.__name__}) takes the model alone; to give the kind "
+                    f"another name, call register_kind('name', model={kind.__name__})")
+            model = kind
+            kind = kind.__name__
         check_kind(kind)
+        for name, fn in (("encode", encode), ("decode", decode)):
+            if fn is not None and not callable(fn):
+                raise InvalidArgument(f"register_kind({kind!r}): {name}= must be a function "
+                                      f"taking the payload, not {type(fn).__name__}")
+        if model is not None and (encode is not None or decode is not None):
+            raise InvalidArgument(f"register_kind({kind!r}): pass model= or encode=/decode=, "
+                                  "not both")
         if model is not None:
-            self._codecs[kind] = codec_for_model(model)
+            codec = codec_for_model(model)
         else:
             identity: Callable[[Any], Any] = lambda v: v
-            self._codecs[kind] = Codec(encode or identity, decode or identity)
+            codec = Codec(encode or identity, decode or identity)
+        # A kind registered again forgets the model it was registered with before.
+        self._model_kinds = {m: k for m, k in self._model_kinds.items() if k != kind}
+        self._codecs[kind] = codec
+        if model is not None:
+            self._model_kinds[model] = kind
+        return kind
+
+    def kind_of(self, payload: object) -> str | None:
+        """The kind whose model `payload` is an instance of (the most derived registered
+        class), or None."""
+        if not self._model_kinds:
+            return None
+        for cls in type(payload).__mro__:
+            kind = self._model_kinds.get(cls)
+            if kind is not None:
+                return kind
+        return None
 
     def names(self) -> list[str]:
         return list(self._codecs)
@@ -163,19 +213,52 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a double, so it would "
+                         "come back as infinity")
+    return value
+
+
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+# Cheap screens before the slower exact checks: a number that may overflow a double (an
+# exponent of 3 or more digits, or 300 digits in a row), an escaped surrogate (\udXXX).
+_MAYBE_HUGE = re.compile(r"[eE][+]?0*[1-9][0-9]{2}|[0-9]{300}")
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+# A real \u0000 escape: the backslash before u0000 is itself unescaped, i.e. an odd run of
+# backslashes ("\\u0000" is a backslash followed by the text u0000, which is fine).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return not value.isascii() and any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
 
 
 def _checked_json_text(text: str, kind: str | None) -> str:
-    """The text itself when it is one JSON value (surrounding whitespace allowed)."""
+    """The text itself when it is one JSON value (surrounding whitespace allowed) that every
+    database stores and gives back alike: no number beyond a double's range (one database
+    would keep it, Python reads it back as infinity) and no lone surrogate escape (PostgreSQL
+    refuses it, the others store it)."""
     try:
+        strict = bool(_MAYBE_HUGE.search(text) or _MAYBE_SURROGATE.search(text))
+        decoder = _STRICT_DECODER if strict else _DECODER
         try:
-            end = _DECODER.raw_decode(text)[1]  # the C scanner, without json.loads' wrapping
+            value, end = decoder.raw_decode(text)  # the C scanner, without json.loads' wrapping
         except ValueError:
-            _DECODER.decode(text)  # leading whitespace is fine; any other error is reported
-            return str(text)
+            # leading whitespace is fine; any other error is reported
+            value, end = decoder.decode(text), len(text)
         if end != len(text) and not text[end:].isspace():
             raise ValueError(f"extra data after the JSON value at character {end}")
+        if strict and _has_surrogate(value):
+            raise ValueError("a \\u escape makes a lone surrogate, which is not Unicode text")
     except (ValueError, RecursionError) as exc:
         raise PayloadInvalid(f"not JSON text ({exc}): {text[:80]!r}", kind) from None
     return str(text)
@@ -194,6 +277,11 @@ def encode_payload(payload: Any, limit: int, kind: str | None = None) -> Encoded
     try:
         text = _encode_json(payload)
     except (TypeError, ValueError, RecursionError) as exc:
+        if _is_model(type(payload)):
+            raise PayloadInvalid(
+                f"{type(payload).__name__} is a model class no kind was registered with; call "
+                f"queue.register_kind({type(payload).__name__}) once, then send its instances",
+                kind) from None
         raise PayloadInvalid(
             f"{exc}; send JSON-serialisable values (dict, list, str, int, float, bool, None) "
             "or bytes, or register a kind whose encoder converts it",
@@ -231,7 +319,7 @@ def encode_payloads(payloads: list[Any], limit: int,
 
 
 def _sized(text: str, limit: int, kind: str | None) -> Encoded:
-    if "\\u0000" in text:
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
         # PostgreSQL jsonb cannot store NUL; refuse it everywhere so backends agree.
         raise PayloadInvalid("JSON strings must not contain NUL (\\u0000); send bytes", kind)
     if text.isascii():  # the common case: its UTF-8 size is its length

@@ -17,10 +17,14 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 import tableq
+from tableq.cli.output import clean
+from tableq.url import redact
 
 console = Console()
 TOPIC = "jobs"
@@ -32,7 +36,7 @@ def stats_table(q: tableq.Queue, title: str) -> Table:
         table.add_column(col, justify="left" if col == "topic" else "right")
     for s in q.stats():
         age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.2f}s"
-        table.add_row(s.topic, f"{s.ready:,}", f"{s.scheduled:,}", f"{s.in_flight:,}",
+        table.add_row(Text(clean(s.topic)), f"{s.ready:,}", f"{s.scheduled:,}", f"{s.in_flight:,}",
                       f"{s.dead:,}", f"{s.done:,}", age)
     return table
 
@@ -51,8 +55,9 @@ def start_spark(master: str | None) -> Any:
         spark = get_session(master, app_name="tableq-demo")
     except Exception as exc:  # pyspark missing, or no Java: the story goes on without Spark
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        console.print(f"[yellow]Spark is not available ({reason}); install Java 17 and "
-                      "'tableq[spark]' for the full story. Continuing without Spark.")
+        console.print(f"[yellow]Spark is not available ({escape(clean(reason))}); install "
+                      "Java 17 and 'tableq[spark]' for the full story. Continuing without "
+                      "Spark.")
         return None
     console.print(f"Spark session {spark.sparkContext.master} ready in "
                   f"{time.perf_counter() - t0:.1f}s")
@@ -126,7 +131,8 @@ def process(url: str, concurrency: int) -> None:
     dead = q.dead_letters(TOPIC, limit=3)
     for d in dead:
         last_line = (d.error or "").strip().splitlines()[-1:] or [""]
-        console.print(f"  dead letter #{d.id} after {d.attempts} attempts: {last_line[0]}")
+        console.print(f"  dead letter #{d.id} after {d.attempts} attempts: "
+                      f"{escape(clean(last_line[0]))}")
     console.print(stats_table(q, "the queue after the worker pool"))
     app.close()
 
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(args.out, exist_ok=True)
     url = args.url or f"sqlite:///{os.path.abspath(args.out)}/tableq.db"
-    console.print(f"[bold]tableq demo[/bold]: {args.jobs:,} jobs on {url}")
+    # Data in markup is escaped, and the URL shown without its password.
+    console.print(f"[bold]tableq demo[/bold]: {args.jobs:,} jobs on {escape(redact(url))}")
     with tableq.connect(url, migrate=True, retention=True) as q:
         q.purge(TOPIC)
         q.purge_dead(TOPIC)

@@ -137,13 +137,13 @@ class DatabaseError(TableqError):
     """The database failed in a way tableq could not hide by retrying."""
 
 
+SERVER_ADVICE = "check that the server is running and the URL, user and password are right"
+
+
 class DatabaseUnavailable(DatabaseError):
-    def __init__(self, where: str, reason: str) -> None:
+    def __init__(self, where: str, reason: str, advice: str = SERVER_ADVICE) -> None:
         self.where = where
-        super().__init__(
-            f"cannot reach the queue database at {where}: {reason}; check that the server is "
-            "running and the URL, user and password are right"
-        )
+        super().__init__(f"cannot reach the queue database at {where}: {reason}; {advice}")
 
 
 class DatabaseBusy(DatabaseError):
@@ -183,3 +183,50 @@ class StorageFull(DatabaseError):
             f"the queue database at {where} is out of space ({reason}); nothing was written: "
             "free disk space and retry"
         )
+
+
+# --- the HTTP server (tableq serve) and its client -------------------------------------------
+
+
+class AccessError(TableqError):
+    """The HTTP server refused the request's credentials or their scope."""
+
+
+class AuthenticationFailed(AccessError):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            f"not authenticated: {reason}; send `Authorization: Bearer <token>` with a token "
+            "from `tableq token create` (never in the URL)")
+
+
+class PermissionDenied(AccessError):
+    def __init__(self, role: str, action: str, topic: str | None = None) -> None:
+        self.role, self.action, self.topic = role, action, topic
+        on = f" on topic {topic!r}" if topic is not None else ""
+        super().__init__(
+            f"a {role} token may not {action}{on}; use a token whose role and topic scopes "
+            "allow it (`tableq token create --role ... --topics ...`)")
+
+
+class ServerUnavailable(TableqError):
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        super().__init__(f"cannot reach the tableq server at {where}: {reason}; check that "
+                         "`tableq serve` runs there and the URL is right")
+
+
+class RemoteError(TableqError):
+    """An error the tableq server reported that has no closer class here."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status, self.code = status, code
+        super().__init__(f"{message} (HTTP {status} {code})")
+
+
+def public_kind(exc: BaseException) -> str:
+    """The name of the tableq exception class a user would catch (not an internal one)."""
+    for cls in type(exc).__mro__:
+        if cls.__module__ == "tableq.errors" and not cls.__name__.startswith("_"):
+            return cls.__name__
+    return type(exc).__name__

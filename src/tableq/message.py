@@ -1,17 +1,56 @@
-"""Frozen values handed to users: Message, SendResult, DeadLetter. Behaviour that needs the
-database is delegated to the Queue that made the value."""
+"""Frozen values handed to users: Message, SendResult, DeadLetter, and the literal types of
+the public API's choices. Behaviour that needs the database is delegated to the object that
+received the message (a Queue, the HTTP client, a worker), through the Settler protocol."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol
+
+from tableq.errors import InvalidArgument
+
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:  # a TypeVar default (PEP 696): a bare `Message` means Message[Any], also under --strict
+    from typing_extensions import TypeVar
 
 if TYPE_CHECKING:
-    from tableq.queue import Queue
+    from collections.abc import Mapping
+
     from tableq.transaction import Transaction
 
+P = TypeVar("P", default=Any)  # the payload type of a Message or DeadLetter
+Q = TypeVar("Q")
+
 SendStatus = Literal["sent", "duplicate", "replaced"]
+OnDuplicate = Literal["ignore", "replace", "error"]
+"""What a send does when a live message has the same key: keep it ("ignore"), overwrite it
+("replace") or raise DuplicateMessage ("error")."""
+ReceiveMode = Literal["at_least_once", "at_most_once"]
+"""Queue.receive's delivery mode; exactly-once processing uses queue.transaction()."""
+
+
+class Settler(Protocol):
+    """What a Message settles itself through: the Queue that received it, the HTTP client,
+    or a worker's stand-in that notices the handler settling."""
+
+    def ack(self, msg: Message[Any]) -> None: ...
+
+    def nack(self, msg: Message[Any], *, delay: float | timedelta | None = None,
+             error: str | None = None) -> None: ...
+
+    def heartbeat(self, msg: Message[Q], *, extend: float | timedelta | None = None,
+                  progress: Any = None) -> Message[Q]: ...
+
+    def dead_letter(self, msg: Message[Any], error: str) -> None: ...
+
+    def forward(self, msg: Message[Any], topic: str, payload: Any, *, key: str | None = None,
+                kind: str | None = None, headers: Mapping[str, str] | None = None,
+                priority: int = 0, delay: float | timedelta | None = None,
+                at: datetime | None = None,
+                on_duplicate: OnDuplicate = "ignore") -> SendResult: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,15 +64,17 @@ class SendResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
+class Message(Generic[P]):
     """One received (or peeked) message. `lease` is the fencing token of this delivery: ack,
-    nack, heartbeat and dead_letter succeed only while it is still the message's lease."""
+    nack, heartbeat and dead_letter succeed only while it is still the message's lease.
+    `Message[Email]` types a handler whose topic carries a kind registered with a model:
+    `q.register_kind(Email)` makes received payloads Email instances."""
 
     id: int
     topic: str
     key: str | None
     kind: str | None
-    payload: Any
+    payload: P
     headers: dict[str, str]
     priority: int
     attempts: int
@@ -44,7 +85,7 @@ class Message:
     last_error: str | None = None
     progress: Any = None
     received_at: datetime | None = None
-    _queue: Queue | None = field(default=None, repr=False, compare=False)
+    _queue: Settler | None = field(default=None, repr=False, compare=False)
     _transaction: Transaction | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -57,9 +98,12 @@ class Message:
         """The open exactly-once transaction this message was received in, if any."""
         return self._transaction
 
-    def _owner(self) -> Queue:
+    def _owner(self) -> Settler:
         if self._queue is None:
-            raise RuntimeError("this Message was built by hand; use the Queue's methods instead")
+            raise InvalidArgument(
+                f"message {self.id} was not received from a Queue (built by hand or unpickled), "
+                "so it cannot settle itself; call queue.ack(message) / queue.nack(message) on "
+                "the Queue that received it")
         return self._queue
 
     def ack(self) -> None:
@@ -71,30 +115,39 @@ class Message:
     def nack(self, delay: float | timedelta | None = None, error: str | None = None) -> None:
         self._owner().nack(self, delay=delay, error=error)
 
-    def heartbeat(self, extend: float | timedelta | None = None, progress: Any = None) -> Message:
+    def heartbeat(self, extend: float | timedelta | None = None,
+                  progress: Any = None) -> Message[P]:
         return self._owner().heartbeat(self, extend=extend, progress=progress)
 
     def dead_letter(self, error: str) -> None:
         self._owner().dead_letter(self, error)
 
-    def forward(self, topic: str, payload: Any, **send_options: Any) -> SendResult:
-        """Send the next step and ack this message in one transaction."""
+    def forward(self, topic: str, payload: Any, *, key: str | None = None,
+                kind: str | None = None, headers: Mapping[str, str] | None = None,
+                priority: int = 0, delay: float | timedelta | None = None,
+                at: datetime | None = None, on_duplicate: OnDuplicate = "ignore") -> SendResult:
+        """Send the next step and ack this message in one transaction. The options are
+        Queue.send's."""
         if self._transaction is not None:
-            result = self._transaction.send(topic, payload, **send_options)
+            result = self._transaction.send(topic, payload, key=key, kind=kind,
+                                            headers=headers, priority=priority, delay=delay,
+                                            at=at, on_duplicate=on_duplicate)
             self._transaction.ack(self)
             return result
-        return self._owner().forward(self, topic, payload, **send_options)
+        return self._owner().forward(self, topic, payload, key=key, kind=kind, headers=headers,
+                                     priority=priority, delay=delay, at=at,
+                                     on_duplicate=on_duplicate)
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class DeadLetter(Generic[P]):
     """A message in the dead-letter store, with the error that put it there."""
 
     id: int
     topic: str
     key: str | None
     kind: str | None
-    payload: Any
+    payload: P
     headers: dict[str, str]
     priority: int
     attempts: int

@@ -3,6 +3,7 @@ identifiers. No I/O."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -14,10 +15,15 @@ KEY_MAX_CHARS = 255
 KIND_MAX_CHARS = 100
 HEADER_NAME_MAX_CHARS = 100
 HEADERS_MAX_BYTES = 16_384  # headers are a small map (trace ids, source), not a payload
-IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+# Matched with fullmatch: `$` would also accept a trailing newline ("tq\n"), which then reached
+# the DDL as a prefix, or matched a filter field on PostgreSQL only.
+IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 # A filter field is a top-level JSON key; the MySQL/SQLite path language must not see '$', '.',
 # '*', quotes or brackets in it, so the grammar is deliberately narrow.
-FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
+# Filter numbers every database compares alike: whole numbers a 64-bit integer holds, finite
+# floats.
+FILTER_INT_MIN, FILTER_INT_MAX = -(2**63), 2**63 - 1
 
 
 def _printable(what: str, value: object, max_chars: int | None, max_bytes: int | None) -> str:
@@ -101,8 +107,9 @@ def _encodable(text: str) -> bool:
 
 
 def check_identifier(what: str, value: object) -> str:
-    if not isinstance(value, str) or not IDENTIFIER.match(value):
-        raise InvalidName(what, value, "must match ^[a-z_][a-z0-9_]{0,40}$")
+    if not isinstance(value, str) or not IDENTIFIER.fullmatch(value):
+        raise InvalidName(what, value, "must be 1-41 characters of a-z, 0-9 and _, not "
+                          "starting with a digit (nothing else, not even a trailing newline)")
     return value
 
 
@@ -124,14 +131,16 @@ def check_where(where: object) -> dict[str, Any] | None:
             if not isinstance(value, Mapping):
                 raise InvalidArgument("where['payload'] must be a dict of field: value")
             for f, v in value.items():
-                fields[_check_field(f)] = _check_value(f, v)
+                f = _check_field(f)
+                fields[f] = _check_value(f, v)
         else:
-            fields[_check_field(name)] = _check_value(name, value)
+            name = _check_field(name)
+            fields[name] = _check_value(name, value)
     return {"kind": kind, "key": key, "fields": fields}
 
 
 def _check_field(name: object) -> str:
-    if not isinstance(name, str) or not FIELD.match(name):
+    if not isinstance(name, str) or not FIELD.fullmatch(name):
         raise InvalidName(
             "filter field", name, "must be a top-level JSON key of letters, digits, _ or -"
         )
@@ -139,7 +148,25 @@ def _check_field(name: object) -> str:
 
 
 def _check_value(name: str, value: object) -> object:
-    if value is None or isinstance(value, (str, int, float, bool)):
+    """One rule for every database: a value a database would refuse (NaN, a lone surrogate)
+    or compare differently (an integer beyond 64 bits) is refused here, before any SQL."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not FILTER_INT_MIN <= value <= FILTER_INT_MAX:
+            raise InvalidArgument(f"filter value for {name!r} must be a whole number within "
+                                  "64 bits (-2**63 .. 2**63-1); compare larger numbers as "
+                                  "strings in the payload")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgument(f"filter value for {name!r} must be a finite number, not "
+                                  f"{value!r}: JSON payloads hold no NaN or infinity")
+        return value
+    if isinstance(value, str):
+        if "\x00" in value or not _encodable(value):
+            raise InvalidArgument(f"filter value for {name!r} must be valid Unicode without NUL "
+                                  "(no lone surrogates): payloads cannot hold such strings")
         return value
     raise InvalidArgument(
         f"filter value for {name!r} must be a string, number, boolean or None, "

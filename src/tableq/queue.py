@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, Protocol, SupportsIndex, TypeVar, cast, get_args
 
 from tableq.backends.base import (
     Backend,
@@ -23,40 +24,78 @@ from tableq.backends.base import (
 )
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, EncodedJson, JsonText, KindRegistry
 from tableq.errors import DuplicateMessage, InvalidArgument, LeaseLost, PayloadInvalid
-from tableq.message import DeadLetter, Message, SendResult
+from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult, SendStatus
 from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
 from tableq.stats import TopicStats
+from tableq.tokens import IdempotencyRecord, NewToken, TokenRecord
+from tableq.transaction import Transaction
 
 DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 RECEIVE_MAX_LIMIT = 10_000
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
-ON_DUPLICATE = ("ignore", "replace", "error")
-MODES = ("at_least_once", "at_most_once")
+ON_DUPLICATE: tuple[OnDuplicate, ...] = get_args(OnDuplicate)
+MODES: tuple[ReceiveMode, ...] = get_args(ReceiveMode)
 _ITEM_FIELDS = {"payload", "key", "kind", "headers", "priority", "delay", "at"}
 MAX_DURATION_S = 100 * 365 * 86400.0  # delays, leases and schedules beyond a century are typos
 ERROR_MAX_CHARS = 16_384  # error texts kept on a message (tracebacks are cut to this)
+# Ids and part numbers are 64-bit in every database, attempt counts and reader shares 32-bit.
+# Checked here, so a bigger number is an InvalidArgument, not an OverflowError from a driver.
+ID_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+P = TypeVar("P")
+
+
+class Listener(Protocol):
+    """PostgreSQL's LISTEN/NOTIFY wake-up (Queue.listener())."""
+
+    def wait(self, timeout_s: float) -> list[str]: ...
+
+    def wait_counts(self, timeout_s: float) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
 
 
 def seconds(what: str, value: float | timedelta | None, default: float) -> float:
-    """A duration in seconds from a number or a timedelta; refuses negatives and NaN."""
+    """A duration in seconds from a number or a timedelta; refuses negatives, NaN, infinity
+    and more than a century (checked before any float conversion, so 10**400 is a clear
+    error, not an OverflowError)."""
     if value is None:
         return default
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InvalidArgument(f"{what} must be a number of seconds or a timedelta, not {value!r}")
-    if value < 0 or math.isinf(value):
-        raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and math.isnan(value)):
+        raise InvalidArgument(f"{what} must be a number of seconds or a timedelta, not "
+                              f"{shown(value)}")
+    if value < 0 or value == math.inf:
+        raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, not "
+                              f"{shown(value)}")
     if value > MAX_DURATION_S:
         raise InvalidArgument(f"{what} must be at most 100 years ({MAX_DURATION_S:.0f} s), "
-                              f"not {value!r}")
+                              f"not {shown(value)}")
     return float(value)
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """repr(value) cut to `limit` characters, for error messages about huge values (repr of
+    an int over 4300 digits would itself raise ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def error_text(error: object) -> str:
-    """An error as stored on a message: a string, cut to ERROR_MAX_CHARS."""
+    """An error as stored on a message: a string, cut to ERROR_MAX_CHARS. NUL and lone
+    surrogates (from bytes decoded with surrogateescape, say) are stored escaped, as \\x00 and
+    \\udc80: every database takes the text then, and a nack never fails because of the text of
+    the handler's exception."""
     text = error if isinstance(error, str) else repr(error)
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) > ERROR_MAX_CHARS:
         text = text[: ERROR_MAX_CHARS - 15] + " ...[truncated]"
     return text
@@ -78,22 +117,41 @@ def _group(topic: str, lease: str, ids: tuple[int, int] | None,
     check_topic(topic)
     k, n = share
     if isinstance(n, bool) or not isinstance(n, int) or not isinstance(k, int) \
-            or n < 1 or not 0 <= k < n:
-        raise InvalidArgument(f"share must be (k, n) with 0 <= k < n, not {share!r}")
+            or not 1 <= n <= INT32_MAX or not 0 <= k < n:
+        raise InvalidArgument(f"share must be (k, n) with 0 <= k < n <= {INT32_MAX}, not "
+                              f"{shown(share)}")
     if ids is None:
         return GroupLease(topic, _job(lease), k=k, n=n)
     lo, hi = ids
-    if not isinstance(lo, int) or not isinstance(hi, int) or lo > hi:
-        raise InvalidArgument(f"ids must be (lowest id, highest id), not {ids!r}")
+    if not _is_id_bound(lo) or not _is_id_bound(hi) or lo > hi:
+        raise InvalidArgument(f"ids must be (lowest id, highest id), 64-bit whole numbers, "
+                              f"not {shown(ids)}")
     return GroupLease(topic, _job(lease), lo, hi, k, n)
+
+
+def _is_id_bound(value: object) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and -ID_MAX - 1 <= value <= ID_MAX)
 
 
 def _positive_int(what: str, value: object, upper: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{what} must be a whole number >= 1, not {value!r}")
+        raise InvalidArgument(f"{what} must be a whole number >= 1, not {shown(value)}")
     if upper is not None and value > upper:
-        raise InvalidArgument(f"{what} must be at most {upper}, not {value}")
+        raise InvalidArgument(f"{what} must be at most {upper}, not {shown(value)}")
     return value
+
+
+def _part(value: object) -> int:
+    """A staged load's part number (a Spark task attempt id: a 64-bit column)."""
+    try:
+        number = operator.index(cast(SupportsIndex, value))  # int, or a NumPy integer
+    except TypeError:
+        number = -1
+    if isinstance(value, bool) or not 0 <= number <= ID_MAX:
+        raise InvalidArgument(f"a part number must be a whole number from 0 to 2**63-1, "
+                              f"not {shown(value)}")
+    return number
 
 
 def _priority(value: object) -> int:
@@ -114,7 +172,8 @@ def _at(value: object) -> datetime | None:
         )
     if abs((value - datetime.now(UTC)).total_seconds()) > MAX_DURATION_S:
         raise InvalidArgument(f"at= must be within 100 years of now, not {value.isoformat()}")
-    return value
+    # In UTC: PostgreSQL refuses offsets beyond +-15:59 that Python (and RFC 3339) allow.
+    return value.astimezone(UTC)
 
 
 class Queue:
@@ -132,7 +191,7 @@ class Queue:
     ) -> None:
         self.backend = backend
         self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
-        self.max_attempts = _positive_int("max_attempts", max_attempts)
+        self.max_attempts = _positive_int("max_attempts", max_attempts, INT32_MAX)
         self.visibility_timeout_s = seconds("visibility_timeout", visibility_timeout, 30.0)
         self.retention = bool(retention)
         self.kinds = KindRegistry(strict=strict_kinds)
@@ -161,11 +220,12 @@ class Queue:
     def __repr__(self) -> str:
         return f"<tableq.Queue {self.backend.where}>"
 
-    def listener(self) -> Any:
+    def listener(self) -> Listener | None:
         """On PostgreSQL, a LISTEN/NOTIFY listener: `.wait(timeout_s)` blocks until new due
         messages arrive and returns their topics (`.wait_counts()` also gives how many);
         `.close()`. None on databases without notifications. A hint only: keep polling."""
-        return self.backend.listener()
+        listener: Listener | None = self.backend.listener()
+        return listener
 
     def now(self) -> datetime:
         """The database clock, which every due time and lease is measured by."""
@@ -173,16 +233,23 @@ class Queue:
 
     # --- configuration ----------------------------------------------------------------------
 
-    def register_kind(self, kind: str, encode: Any = None, decode: Any = None, *,
-                      model: Any = None) -> None:
+    def register_kind(self, kind: str | type[Any],
+                      encode: Callable[[Any], Any] | None = None,
+                      decode: Callable[[Any], Any] | None = None, *,
+                      model: type[Any] | None = None) -> str:
         """Validates payloads of `kind`: `encode` runs on send (return a JSON-able value or
-        bytes, or raise), `decode` on receive. `model=` takes a pydantic model class."""
-        self.kinds.register(kind, encode, decode, model=model)
+        bytes, or raise), `decode` on receive. `model=` takes a pydantic model class or a
+        msgspec Struct class: payloads are validated by it on send and come back as its
+        instances. `register_kind(Email)` (the model alone) names the kind after the class,
+        "Email". Either way, `send(topic, Email(...))` without kind= sends it as this kind.
+        Returns the kind's name."""
+        return self.kinds.register(kind, encode, decode, model=model)
 
     def configure_topic(self, topic: str, *, max_attempts: int | None = None) -> None:
         check_topic(topic)
         if max_attempts is not None:
-            self._topic_max_attempts[topic] = _positive_int("max_attempts", max_attempts)
+            self._topic_max_attempts[topic] = _positive_int("max_attempts", max_attempts,
+                                                            INT32_MAX)
 
     def max_attempts_for(self, topic: str, override: int | None = None) -> int:
         """The max_attempts a receive on `topic` uses: the override, else the topic's
@@ -191,13 +258,15 @@ class Queue:
 
     def _max_attempts(self, topic: str, override: int | None) -> int:
         if override is not None:
-            return _positive_int("max_attempts", override)
+            return _positive_int("max_attempts", override, INT32_MAX)
         return self._topic_max_attempts.get(topic, self.max_attempts)
 
     # --- sending ------------------------------------------------------------------------------
 
     def _new(self, topic: str, payload: Any, *, key: Any, kind: Any, headers: Any,
              priority: Any, delay: Any, at: Any) -> NewMessage:
+        if kind is None:
+            kind = self.kinds.kind_of(payload)  # an instance of a registered model
         return self._with_payload(self._template(topic, key, kind, headers, priority, delay,
                                                  at), payload)
 
@@ -225,9 +294,11 @@ class Queue:
     def _batch(self, topic: str, items: Iterable[Any], kind: Any, headers: Any,
                priority: Any, delay: Any, at: Any) -> PayloadBatch | list[NewMessage]:
         """Bare payloads only (what bulk loads send) become one PayloadBatch: the defaults
-        validated once, the payloads encoded in one loop. Item dicts take _item per item."""
+        validated once, the payloads encoded in one loop. Item dicts take _item per item, and
+        instances of a registered model (without kind=) the kind of their model."""
         items = list(items)
-        if not any(map(_is_item, items)):
+        if not any(map(_is_item, items)) and (kind is not None or not any(
+                map(self.kinds.kind_of, items))):
             t = self._template(topic, None, kind, headers, priority, delay, at)
             return PayloadBatch(t, self.kinds.encode_many(t.kind, items,
                                                           self.max_payload_bytes))
@@ -237,12 +308,16 @@ class Queue:
             if _is_item(item):
                 out.append(self._item(topic, item, kind, headers, priority, delay, at))
                 continue
+            if kind is None and self.kinds.kind_of(item) is not None:
+                out.append(self._new(topic, item, key=None, kind=None, headers=headers,
+                                     priority=priority, delay=delay, at=at))
+                continue
             if template is None:
                 template = self._template(topic, None, kind, headers, priority, delay, at)
             out.append(self._with_payload(template, item))
         return out
 
-    def _check_send(self, on_duplicate: str, connection: Any) -> None:
+    def _check_send(self, on_duplicate: OnDuplicate, connection: Any) -> None:
         if on_duplicate not in ON_DUPLICATE:
             raise InvalidArgument(f"on_duplicate must be one of {ON_DUPLICATE}, "
                                   f"not {on_duplicate!r}")
@@ -260,7 +335,7 @@ class Queue:
         priority: int = 0,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
-        on_duplicate: str = "ignore",
+        on_duplicate: OnDuplicate = "ignore",
         connection: Any = None,
     ) -> SendResult:
         """Enqueues one message; durable when this returns, or, with connection=, when the
@@ -270,7 +345,7 @@ class Queue:
         row = self._new(topic, payload, key=key, kind=kind, headers=headers,
                         priority=priority, delay=delay, at=at)
         ((msg_id, status),) = self.backend.insert([row], on_duplicate, connection)
-        return SendResult(msg_id, status, row.key)  # type: ignore[arg-type]
+        return SendResult(msg_id, cast(SendStatus, status), row.key)
 
     def send_many(
         self,
@@ -282,7 +357,7 @@ class Queue:
         priority: int = 0,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
-        on_duplicate: str = "ignore",
+        on_duplicate: OnDuplicate = "ignore",
         connection: Any = None,
     ) -> list[SendResult]:
         """Enqueues many messages in one transaction and one round trip per batch. Each item
@@ -300,7 +375,7 @@ class Queue:
             msg_id, status = done[slot]
             if repeat:  # as if sent one after the other: the later ones meet the first
                 status = "replaced" if on_duplicate == "replace" else "duplicate"
-            out.append(SendResult(msg_id, status, row.key))  # type: ignore[arg-type]
+            out.append(SendResult(msg_id, cast(SendStatus, status), row.key))
         return out
 
     def _item(self, topic: str, item: Any, kind: Any, headers: Any, priority: Any,
@@ -345,7 +420,7 @@ class Queue:
         max: int = 1,
         visibility_timeout: float | timedelta | None = None,
         where: Mapping[str, Any] | None = None,
-        mode: str = "at_least_once",
+        mode: ReceiveMode = "at_least_once",
         max_attempts: int | None = None,
     ) -> list[Message]:
         """Up to `max` due messages, highest priority first, then oldest. at_least_once leases
@@ -366,20 +441,32 @@ class Queue:
             return out
         return self._claim(spec, None, None)
 
-    def _claim(self, spec: ClaimSpec, conn: Any, tx: Any) -> list[Message]:
+    def _claim(self, spec: ClaimSpec, conn: Any, tx: Any,
+               charged: list[bool] | None = None) -> list[Message]:
+        """Leases up to spec.max decodable messages. `charged`, if given, receives for each
+        message returned whether its attempt was charged (see ClaimSpec.charge)."""
         out: list[Message] = []
+        charge, charge_last = spec.charge, spec.charge_last
         for _ in range(10):  # bounded: each pass buries or returns something
             want = spec.max - len(out)
             result = self.backend.claim(
                 ClaimSpec(spec.topic, want, spec.visibility_timeout_s, spec.max_attempts,
-                          spec.where, spec.lease), conn)
+                          spec.where, spec.lease, charge=charge, charge_last=charge_last),
+                conn)
             undecodable = 0
             for row in result.rows:
+                was_charged = bool(row.pop("charged", True))
                 msg = self._decoded_or_none(row, tx, conn=conn)
                 if msg is None:
                     undecodable += 1
-                else:
-                    out.append(msg)
+                    continue
+                out.append(msg)
+                if charged is not None:
+                    charged.append(was_charged)
+            if charge is not None:
+                charge = max(0, charge - len(result.rows))
+            if charge_last is not None:
+                charge_last = max(0, charge_last - len(result.rows))
             if len(out) >= spec.max or (result.buried == 0 and undecodable == 0):
                 break
         return out
@@ -404,6 +491,38 @@ class Queue:
             _queue=self, _transaction=tx,
         )
 
+    # --- for workers: attempts charged when a handler starts ----------------------------------
+
+    def _receive_deferred(self, topic: str, *, max: int, charge: int,
+                          charge_last: int | None = None,
+                          visibility_timeout: float | timedelta | None = None,
+                          max_attempts: int | None = None) -> list[tuple[Message, bool]]:
+        """receive() that charges an attempt only to the first `charge` messages (in delivery
+        order), and a message's last allowed attempt only among the first `charge_last`; the
+        others keep their attempt count until _charge() is called for them, right before
+        their handlers start. A worker uses it for messages it prefetches, so a worker killed
+        while holding them does not spend their attempts. Returns (message, charged) pairs.
+        Internal to the worker."""
+        spec = self._spec(topic, max, visibility_timeout, None, max_attempts)
+        charged: list[bool] = []
+        msgs = self._claim(dataclasses.replace(
+            spec, charge=_positive_int("charge", charge + 1) - 1,
+            charge_last=None if charge_last is None else _positive_int(
+                "charge_last", charge_last + 1) - 1), None, None, charged)
+        return list(zip(msgs, charged, strict=True))
+
+    def _charge(self, msgs: Sequence[Message[P]], *,
+                extend: float | timedelta | None = None) -> list[Message[P]]:
+        """Charges one attempt to each message still held and extends its lease to `extend`
+        seconds from now, in one statement. Returns those messages with their new attempt
+        count and lease expiry; the missing ones had lost their lease (nothing changed)."""
+        refs = [self._leased(m, "charge") for m in msgs]
+        if not refs:
+            return []
+        done = self.backend.charge(refs, seconds("extend", extend, self.visibility_timeout_s))
+        return [_replace(m, attempts=done[m.id][0], available_at=done[m.id][1])
+                for m in msgs if m.id in done]
+
     # --- settling -----------------------------------------------------------------------------
 
     @staticmethod
@@ -413,10 +532,13 @@ class Queue:
                                   f"{type(msg).__name__}")
         if msg.lease is None:
             raise InvalidArgument(
-                f"cannot {action} message {msg.id}: it was peeked or received at most once, so "
-                "it holds no lease"
+                f"cannot {action} message {shown(msg.id)}: it was peeked or received at most "
+                "once, so it holds no lease"
             )
-        return msg.id, msg.lease
+        # A Message made by hand (dataclasses.replace) must not reach a driver with values it
+        # cannot bind.
+        _positive_int("message id", msg.id, ID_MAX)
+        return msg.id, _job(msg.lease)
 
     def ack(self, msg: Message, *, connection: Any = None) -> None:
         """Removes the message (archives it with retention=True) if this delivery still holds
@@ -434,7 +556,7 @@ class Queue:
         if lost and self.retention and connection is None:
             # An ack retried after its reply was lost finds its message archived under the
             # same lease: that is "already acked", not a lost lease.
-            archived = self.backend.done_match([(m.id, m.lease) for m in lost])  # type: ignore[misc]
+            archived = self.backend.done_match([(m.id, m.lease) for m in lost if m.lease])
             lost = [m for m in lost if m.id not in archived]
         if lost:
             raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
@@ -458,8 +580,8 @@ class Queue:
         if not self.backend.release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
             raise LeaseLost(msg.topic, msg.id, action)
 
-    def heartbeat(self, msg: Message, *, extend: float | timedelta | None = None,
-                  progress: Any = None) -> Message:
+    def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
+                  progress: Any = None) -> Message[P]:
         """Extends the lease to `extend` seconds from now (default: the visibility timeout)
         and optionally saves `progress` (JSON) on the row. Returns the message with its new
         lease expiry."""
@@ -476,8 +598,8 @@ class Queue:
         return _replace(msg, available_at=until,
                         progress=progress if progress is not None else msg.progress)
 
-    def heartbeat_many(self, msgs: Sequence[Message], *,
-                       extend: float | timedelta | None = None) -> list[Message]:
+    def heartbeat_many(self, msgs: Sequence[Message[P]], *,
+                       extend: float | timedelta | None = None) -> list[Message[P]]:
         """Extends many leases in one statement. Returns the messages still held, with their
         new lease expiry; the ones missing from the result had lost their lease (nothing was
         changed for them)."""
@@ -494,36 +616,39 @@ class Queue:
         if not self.backend.bury(msg_id, lease, error_text(error), connection):
             raise LeaseLost(msg.topic, msg.id, "dead-letter")
 
-    def forward(self, msg: Message, topic: str, payload: Any, **send_options: Any) -> SendResult:
-        """Sends the next step and acks `msg` in one transaction: both happen or neither."""
+    def forward(self, msg: Message, topic: str, payload: Any, *, key: str | None = None,
+                kind: str | None = None, headers: Mapping[str, str] | None = None,
+                priority: int = 0, delay: float | timedelta | None = None,
+                at: datetime | None = None, on_duplicate: OnDuplicate = "ignore") -> SendResult:
+        """Sends the next step and acks `msg` in one transaction: both happen or neither.
+        The options are send()'s."""
         self._leased(msg, "forward")
         with self.transaction() as tx:
-            result = tx.send(topic, payload, **send_options)
+            result = tx.send(topic, payload, key=key, kind=kind, headers=headers,
+                             priority=priority, delay=delay, at=at, on_duplicate=on_duplicate)
             tx.ack(msg)
         return result
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self) -> Iterator[Transaction]:
         """Exactly-once processing: receive, your own SQL on tx.connection, ack and send all
         commit together, or all roll back when the block raises (or the process dies)."""
-        from tableq.transaction import Transaction
-
         with self.backend.transaction() as conn:
             yield Transaction(self, conn)
 
     # --- building blocks for bulk pipelines (the Spark source and sink) --------------------
 
     def stage_many(self, job: str, part: int, topic: str, items: Iterable[Any], *,
-                   on_duplicate: str = "ignore") -> int:
+                   on_duplicate: OnDuplicate = "ignore") -> int:
         """Stages messages invisibly under (job, part); nothing is delivered until
         publish_staged(job, parts) makes the listed parts visible together."""
         check_topic(topic)
         self._check_send(on_duplicate, None)
         batch = self._batch(topic, items, None, None, 0, None, None)
-        return self.backend.stage(_job(job), int(part), batch) if len(batch) else 0
+        return self.backend.stage(_job(job), _part(part), batch) if len(batch) else 0
 
     def publish_staged(self, job: str, parts: Sequence[int], *,
-                       on_duplicate: str = "ignore",
+                       on_duplicate: Literal["ignore", "replace"] = "ignore",
                        expected_rows: int | None = None) -> int | None:
         """In one transaction: makes the staged rows of `parts` visible, drops every other
         staged row of the job, and marks the job committed. Returns the number published, or
@@ -532,7 +657,7 @@ class Queue:
         crash: fewer or more raise LoadIncomplete and nothing is published."""
         if on_duplicate not in ("ignore", "replace"):
             raise InvalidArgument("publish_staged takes on_duplicate='ignore' or 'replace'")
-        return self.backend.publish(_job(job), [int(p) for p in parts], on_duplicate,
+        return self.backend.publish(_job(job), [_part(p) for p in parts], on_duplicate,
                                     expected_rows)
 
     def discard_staged(self, job: str) -> int:
@@ -600,7 +725,10 @@ class Queue:
         `before`; their lease is not returned), dead letters ('dead', dead_at before `before`)
         or archived acked messages ('done', done_at before `before`). A snapshot read: nothing
         is leased or changed."""
-        rows = self.backend.history_rows(_source(source), _opt_topic(topic), int(lo), int(hi),
+        if not _is_id_bound(lo) or not _is_id_bound(hi):
+            raise InvalidArgument(f"lo and hi must be 64-bit whole numbers, not {shown(lo)} "
+                                  f"and {shown(hi)}")
+        rows = self.backend.history_rows(_source(source), _opt_topic(topic), lo, hi,
                                          _at(before))
         if source == "live":
             for row in rows:
@@ -620,7 +748,7 @@ class Queue:
 
     def get(self, msg_id: int) -> Message | None:
         """A live message by id (without its lease), or None."""
-        row = self.backend.get(_positive_int("id", msg_id))
+        row = self.backend.get(_positive_int("id", msg_id, ID_MAX))
         return self._message({**row, "lease": None}) if row else None
 
     def topics(self) -> list[str]:
@@ -652,8 +780,66 @@ class Queue:
     def purge_dead(self, topic: str, ids: Sequence[int] | None = None) -> int:
         return self.backend.dead_purge(check_topic(topic), _ids(ids))
 
+    # --- schema and the HTTP server's stores (tokens, idempotency records) ------------------
 
-def dedupe_batch(rows: list[NewMessage], on_duplicate: str
+    def pending_migrations(self) -> list[int]:
+        """Migration versions this code ships that the database has not applied (empty when
+        current). A read: takes no migration lock. SchemaNotMigrated when nothing is."""
+        return sorted(self.backend.known_migrations() - self.backend.applied_migrations())
+
+    def save_token(self, token: NewToken) -> None:
+        """Stores an access token of the HTTP server (its secret's hash, never the secret)."""
+        self.backend.token_insert(token)
+
+    def find_token(self, *, secret_sha256: str | None = None,
+                   access_key: str | None = None) -> TokenRecord | None:
+        """The stored token with this secret hash or SQS access key, or None. Revoked and
+        expired tokens are returned too: the caller decides (TokenRecord.active)."""
+        if (secret_sha256 is None) == (access_key is None):
+            raise InvalidArgument("find_token takes exactly one of secret_sha256= or access_key=")
+        return self.backend.token_find(secret_sha256=secret_sha256, access_key=access_key)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        return self.backend.token_list()
+
+    def revoke_token(self, token_id: str) -> bool:
+        """Revokes the token at once (its next request is refused). False when no active
+        token has this id."""
+        return self.backend.token_revoke(token_id)
+
+    @contextmanager
+    def idempotent(self, scope: str, key: str, fingerprint: str) -> Iterator[Idempotent]:
+        """One transaction that records the outcome of a request made with an idempotency
+        key: inside it, `call.earlier` is the record a previous request with this key left
+        (then do nothing), or None, and then do the work on `call.tx` and `call.finish(status,
+        response)`. The work and its record commit together, so a retry either finds the
+        record or does the work itself; a concurrent retry waits for the first to end."""
+        with self.transaction() as tx:
+            earlier = self.backend.idempotency_claim(scope, key, fingerprint, tx.connection)
+            yield Idempotent(self, tx, scope, key, earlier)
+
+    def expire_idempotency(self, older_than: float | timedelta = 86400.0) -> int:
+        """Forgets idempotency records older than `older_than` seconds. Returns how many."""
+        return self.backend.idempotency_expire(seconds("older_than", older_than, 86400.0))
+
+
+class Idempotent:
+    """Handed out by Queue.idempotent(): the open transaction and what an earlier request
+    with the same key recorded, if any."""
+
+    def __init__(self, queue: Queue, tx: Transaction, scope: str, key: str,
+                 earlier: IdempotencyRecord | None) -> None:
+        self.tx, self.earlier = tx, earlier
+        self._queue, self._scope, self._key = queue, scope, key
+
+    def finish(self, status: int, response: str) -> None:
+        if self.earlier is not None:
+            raise InvalidArgument("this idempotency key was used before; return its record")
+        self._queue.backend.idempotency_finish(self._scope, self._key, status, response,
+                                               self.tx.connection)
+
+
+def dedupe_batch(rows: Sequence[NewMessage], on_duplicate: OnDuplicate
                  ) -> tuple[list[NewMessage], list[tuple[int, bool]]]:
     """Collapses repeated (topic, key) pairs inside one batch, as sequential sends would:
     'ignore' keeps the first, 'replace' the last, 'error' refuses. Returns the unique rows and,
@@ -685,7 +871,7 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
         return None
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise InvalidArgument("ids must be a list of message ids")
-    return [_positive_int("id", i) for i in ids]
+    return [_positive_int("id", i, ID_MAX) for i in ids]
 
 
 def _job(token: str) -> str:
@@ -714,5 +900,5 @@ def _dead(r: Row) -> DeadLetter:
     )
 
 
-def _replace(msg: Message, **changes: Any) -> Message:
+def _replace(msg: Message[P], **changes: Any) -> Message[P]:
     return dataclasses.replace(msg, **changes)

@@ -4,10 +4,10 @@ one database transaction. A crash or an exception rolls all of it back."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from tableq.message import Message, SendResult
+from tableq.message import Message, OnDuplicate, SendResult
 
 if TYPE_CHECKING:
     from tableq.queue import Queue
@@ -46,8 +46,20 @@ class Transaction:
     def dead_letter(self, msg: Message, error: str) -> None:
         self._queue.dead_letter(msg, error, connection=self._conn)
 
-    def send(self, topic: str, payload: Any, **options: Any) -> SendResult:
-        return self._queue.send(topic, payload, connection=self._conn, **options)
+    def send(self, topic: str, payload: Any, *, key: str | None = None,
+             kind: str | None = None, headers: Mapping[str, str] | None = None,
+             priority: int = 0, delay: float | timedelta | None = None,
+             at: datetime | None = None, on_duplicate: OnDuplicate = "ignore") -> SendResult:
+        """Queue.send inside this transaction: the message exists only if it commits."""
+        return self._queue.send(topic, payload, key=key, kind=kind, headers=headers,
+                                priority=priority, delay=delay, at=at,
+                                on_duplicate=on_duplicate, connection=self._conn)
 
-    def send_many(self, topic: str, items: Iterable[Any], **options: Any) -> list[SendResult]:
-        return self._queue.send_many(topic, items, connection=self._conn, **options)
+    def send_many(self, topic: str, items: Iterable[Any], *, kind: str | None = None,
+                  headers: Mapping[str, str] | None = None, priority: int = 0,
+                  delay: float | timedelta | None = None, at: datetime | None = None,
+                  on_duplicate: OnDuplicate = "ignore") -> list[SendResult]:
+        """Queue.send_many inside this transaction."""
+        return self._queue.send_many(topic, items, kind=kind, headers=headers,
+                                     priority=priority, delay=delay, at=at,
+                                     on_duplicate=on_duplicate, connection=self._conn)

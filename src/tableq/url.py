@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -19,25 +20,39 @@ _SCHEMES = {
     "mariadb": "mysql",
     "mysql+pymysql": "mysql",
 }
+# scheme://user:PASSWORD@host...: the password runs from the first ':' after the user to the
+# last '@' (an unencoded '@', '/' or '?' in a password must not leave part of it shown).
+_USERINFO_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@]*):(?P<pw>.*)@",
+                                re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd|pwd)=)[^&#]*", re.IGNORECASE)
+
+
+def redact(url: object) -> str:
+    """`url` as text safe for messages, logs and reprs: any password replaced by ***. Works on
+    URLs that do not parse too (it may then hide more than the password, never less)."""
+    text = url if isinstance(url, str) else str(url)
+    text = _USERINFO_PASSWORD.sub(lambda m: m.group("head") + ":***@", text, count=1)
+    return _QUERY_PASSWORD.sub(lambda m: m.group("head") + "***", text)
 
 
 @dataclass(frozen=True, slots=True)
 class DatabaseURL:
     dialect: str  # "sqlite" | "postgres" | "mysql"
-    raw: str
+    raw: str = field(repr=False)  # holds the password: never shown, see redacted
     host: str | None = None
     port: int | None = None
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     database: str | None = None  # sqlite: the file path
-    params: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        return f"DatabaseURL({self.redacted!r})"
 
     @property
     def redacted(self) -> str:
         """The URL without its password, for messages and logs."""
-        if self.password is None:
-            return self.raw
-        return self.raw.replace(":" + _quoted_password(self.raw) + "@", ":***@", 1)
+        return redact(self.raw)
 
     @property
     def namespace(self) -> str:
@@ -47,40 +62,40 @@ class DatabaseURL:
         return check_identifier("prefix", self.params.get("prefix", "tableq_"))
 
 
-def _quoted_password(raw: str) -> str:
-    netloc = urlsplit(raw).netloc
-    userinfo = netloc.rpartition("@")[0]
-    return userinfo.partition(":")[2]
-
-
 def parse_url(url: str) -> DatabaseURL:
     if not isinstance(url, str) or "://" not in url:
-        raise InvalidURL(str(url), "it has no scheme")
+        raise InvalidURL(redact(url), "it has no scheme")
     scheme = url.split("://", 1)[0].lower()
     dialect = _SCHEMES.get(scheme)
     if dialect is None:
-        raise InvalidURL(url, f"unknown scheme {scheme!r}")
-    parts = urlsplit(url)
+        raise InvalidURL(redact(url), f"unknown scheme {redact(scheme)!r}")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed [IPv6] bracket
+        raise InvalidURL(redact(url), str(exc)) from None
     params = dict(parse_qsl(parts.query, keep_blank_values=True))
     if dialect == "sqlite":
         # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
         path = unquote(url.split("://", 1)[1].split("?", 1)[0])
         if not path.startswith("/"):
-            raise InvalidURL(url, "a SQLite URL needs three slashes: sqlite:///file.db")
+            raise InvalidURL(redact(url), "a SQLite URL needs three slashes: sqlite:///file.db")
         path = path[1:]
         if not path:
-            raise InvalidURL(url, "it names no database file")
+            raise InvalidURL(redact(url), "it names no database file")
         if path == ":memory:":
-            raise InvalidURL(url, "an in-memory SQLite database is not shared between "
+            raise InvalidURL(redact(url), "an in-memory SQLite database is not shared between "
                              "connections; use a file (a temporary one in tests)")
-        return DatabaseURL("sqlite", url, database=path, params=params)
+        result = DatabaseURL("sqlite", url, database=path, params=params)
+        _ = result.namespace  # validates ?prefix= now, not at first use
+        return result
     try:
         port = parts.port
     except ValueError:
-        raise InvalidURL(url, "the port is not a number") from None
+        raise InvalidURL(redact(url), "the port is not a number (in a user name or "
+                         "password, percent-encode '/', '?', '#' and '@', e.g. %2F)") from None
     database = unquote(parts.path.lstrip("/")) or None
     if not database:
-        raise InvalidURL(url, "it names no database (add /dbname)")
+        raise InvalidURL(redact(url), "it names no database (add /dbname)")
     result = DatabaseURL(
         dialect,
         url,

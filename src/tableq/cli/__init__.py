@@ -1,6 +1,7 @@
-"""The `tableq` command: the root group, global options (--url / $TABLEQ_URL, --debug), and
-the one error boundary that turns failures into one line on stderr and a non-zero exit
-(tracebacks only with --debug). Each command group lives in its own module."""
+"""The `tableq` command: the root group, global options (--url / $TABLEQ_URL, --debug; --url
+is also taken after any subcommand), and the one error boundary that turns failures into one
+line on stderr and a non-zero exit (tracebacks only with --debug). Each command group lives in
+its own module."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ class Context:
         # Given on the command line or in $TABLEQ_URL (not the built-in default).
         self.url_given = url_source in ("COMMANDLINE", "ENVIRONMENT")
         self._queue: Any = None
+
+    def use_url(self, url: str) -> None:
+        """A subcommand's own --url: it wins over the group's (and $TABLEQ_URL)."""
+        if self._queue is not None:
+            raise click.UsageError("--url came too late: the database was already opened")
+        self.url, self.url_source, self.url_given = url, "COMMANDLINE", True
 
     def queue(self, *, migrate: bool = False) -> Any:
         if self._queue is None:
@@ -67,10 +74,35 @@ def cli(ctx: click.Context, url: str, debug: bool) -> None:
         setup_logging(True)
 
 
-def _register() -> None:
-    from tableq.cli import dead, demo, queue_cmds, stats, worker
+URL_HELP = ("Queue database for this command (same as `tableq --url`, which it overrides): "
+            "sqlite:///file.db, postgresql://user@host/db, mysql://user@host/db.")
 
-    for command in (*queue_cmds.COMMANDS, dead.dead, stats.stats, worker.worker, demo.demo):
+
+def _subcommand_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.find_root().obj.use_url(value)  # the group's callback made obj before we parse
+
+
+def accept_url(command: click.Command) -> None:
+    """Lets `tableq CMD --url URL` work like `tableq --url URL CMD` (people put options after
+    the command, and the README once did too). Commands with their own --url keep it."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            accept_url(sub)
+        return
+    if any(p.name == "url" for p in command.params):
+        return
+    command.params.append(click.Option(["--url"], metavar="URL", default=None,
+                                       expose_value=False, callback=_subcommand_url,
+                                       help=URL_HELP))
+
+
+def _register() -> None:
+    from tableq.cli import dead, demo, doctor, queue_cmds, server_cmds, stats, worker
+
+    for command in (*queue_cmds.COMMANDS, dead.dead, stats.stats, worker.worker, demo.demo,
+                    doctor.doctor, *server_cmds.COMMANDS):
+        accept_url(command)
         cli.add_command(command)
     _add_pipeline()
 
@@ -107,6 +139,14 @@ def _pipeline_stub(exc: BaseException) -> None:
 _register()
 
 
+def output_line(text: str) -> str:
+    """An error for one line of stderr: data in it (topics, keys, server messages) cannot
+    move the cursor or recolour the terminal."""
+    from tableq.cli.output import one_line
+
+    return one_line(text)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The console entry point: runs the command and exits with its status."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -117,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
+        # It may quote the user's data. (click declares `message` Final; shown only here.)
+        exc.__dict__["message"] = output_line(exc.message)
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -124,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except TableqError as exc:
         if _state["debug"]:
             raise
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {output_line(str(exc))}", err=True)
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
@@ -134,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:  # a bug, ours or in user code: one line unless --debug
         if _state["debug"]:
             raise
-        click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for "
-                   "the traceback)", err=True)
+        click.echo(f"error: unexpected {type(exc).__name__}: {output_line(str(exc))} (rerun "
+                   "with --debug for the traceback)", err=True)
         sys.exit(EXIT_ERROR)
     sys.exit(result if isinstance(result, int) else 0)
 

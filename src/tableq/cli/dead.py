@@ -30,9 +30,9 @@ def list_(topic: str, limit: int, as_json: bool) -> None:
         output.json_lines([output.dead_dict(d) for d in rows])
         return
     if not rows:
-        output.stdout.print(f"{topic} has no dead letters")
+        output.show(f"{output.clean(topic)} has no dead letters")
         return
-    output.stdout.print(output.dead_table(f"{len(rows)} dead letter(s) of {topic}", rows))
+    output.show(output.dead_table(f"{len(rows)} dead letter(s) of {topic}", rows))
 
 
 @dead.command()
@@ -42,7 +42,7 @@ def list_(topic: str, limit: int, as_json: bool) -> None:
 def requeue(topic: str, ids: tuple[int, ...]) -> None:
     """Put dead letters back on TOPIC as fresh messages (attempts reset)."""
     n = _q().requeue_dead(topic, list(ids) if ids else None)
-    output.stdout.print(f"requeued {n} dead letter(s) on {topic}")
+    output.show(f"requeued {n} dead letter(s) on {output.clean(topic)}")
 
 
 @dead.command("purge")
@@ -55,4 +55,4 @@ def purge_(topic: str, ids: tuple[int, ...], yes: bool) -> None:
     if not ids:
         confirm(f"delete every dead letter of {topic!r}", yes)
     n = _q().purge_dead(topic, list(ids) if ids else None)
-    output.stdout.print(f"purged {n} dead letter(s) of {topic}")
+    output.show(f"purged {n} dead letter(s) of {output.clean(topic)}")

@@ -1,10 +1,16 @@
 """How the CLI shows things: rich tables for people, JSON lines (--json) for scripts. Pure
-formatting: no database access."""
+formatting: no database access.
+
+Payloads, keys, topics, headers and error texts are data, never markup or terminal control:
+the consoles parse no markup and no emoji codes (a payload holding `[/]` or `:smile:` prints as
+itself), and `clean()` shows control characters (ESC sequences, other C0 and C1 controls,
+bidirectional overrides) as visible escapes instead of sending them to the terminal."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from datetime import datetime
 from typing import Any
@@ -16,8 +22,32 @@ from tableq.message import DeadLetter, Message
 
 # Off a terminal rich assumes 80 columns and truncates; scripts and logs get room instead.
 _WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200"))
-stdout = Console(highlight=False, soft_wrap=False, width=_WIDTH)
-stderr = Console(stderr=True, highlight=False)
+stdout = Console(highlight=False, soft_wrap=False, width=_WIDTH, markup=False, emoji=False)
+stderr = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+# C0 controls and DEL, C1 controls (U+0080-U+009F: 8-bit CSI and friends), the Unicode line
+# and paragraph separators (which split a JSON line for str.splitlines), and the
+# bidirectional overrides and isolates that reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x1b": "\\e"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def clean(text: object) -> str:
+    """`text` safe to show on a terminal: control characters as visible escapes (\\e, \\n,
+    \\x9b, \\u202e); everything else unchanged."""
+    s = text if isinstance(text, str) else str(text)
+    return _CONTROL.sub(_escape, s)
+
+
+def one_line(text: object) -> str:
+    """An error text for one line of a terminal: line breaks become spaces, then clean()."""
+    s = text if isinstance(text, str) else str(text)
+    return clean(" ".join(s.splitlines()) if "\n" in s or "\r" in s else s)
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -48,39 +78,66 @@ def dead_dict(d: DeadLetter) -> dict[str, Any]:
     }
 
 
+def _json_escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def json_line(row: dict[str, Any]) -> str:
+    """One JSON object on one line. json.dumps escapes C0 controls itself; C1 controls and
+    bidi overrides are escaped too (\\u009b), so the line is safe on a terminal and decodes
+    to the same values."""
+    return _CONTROL.sub(_json_escape, json.dumps(row, ensure_ascii=False, default=str))
+
+
+def json_text(rows: list[dict[str, Any]]) -> str:
+    return "".join(json_line(row) + "\n" for row in rows)
+
+
 def json_lines(rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        print(json.dumps(row, ensure_ascii=False, default=str))
+    write(json_text(rows))
+
+
+def write(text: str) -> None:
+    """Writes to stdout and flushes, so a closed pipe fails here (before, say, an ack)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def show(renderable: Any) -> None:
+    """Prints a table or a line of (already clean) text, and flushes."""
+    stdout.print(renderable)
+    stdout.file.flush()
 
 
 def short(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(_payload(value), ensure_ascii=False,
                                                             default=str)
+    text = clean(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def messages_table(title: str, msgs: list[Message], *, leased: bool) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=clean(title), title_justify="left")
     for col in ("id", "key", "kind", "priority", "attempts", "available at", "payload"):
         table.add_column(col, justify="right" if col in ("id", "priority", "attempts") else "left")
     if leased:
         table.add_column("lease")
     for m in msgs:
-        row = [str(m.id), m.key or "", m.kind or "", str(m.priority), str(m.attempts),
-               _iso(m.available_at) or "", short(m.payload)]
+        row = [str(m.id), clean(m.key or ""), clean(m.kind or ""), str(m.priority),
+               str(m.attempts), _iso(m.available_at) or "", short(m.payload)]
         if leased:
-            row.append(m.lease or "")
+            row.append(clean(m.lease or ""))
         table.add_row(*row)
     return table
 
 
 def dead_table(title: str, rows: list[DeadLetter]) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=clean(title), title_justify="left")
     for col in ("id", "key", "attempts", "dead at", "error", "payload"):
         table.add_column(col, justify="right" if col in ("id", "attempts") else "left")
     for d in rows:
         error = (d.error or "").strip().splitlines()
-        table.add_row(str(d.id), d.key or "", str(d.attempts), _iso(d.dead_at) or "",
+        table.add_row(str(d.id), clean(d.key or ""), str(d.attempts), _iso(d.dead_at) or "",
                       short(error[-1] if error else "", 50), short(d.payload, 40))
     return table
 

@@ -5,7 +5,7 @@ only when a command runs, so `tableq --help` works without it."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -56,7 +56,8 @@ def pipeline() -> None:
 @click.option("--on-duplicate", type=click.Choice(["ignore", "replace"]), default="ignore")
 @click.pass_context
 def load(ctx: click.Context, url: str | None, master: str | None, path: str, topic: str,
-         fmt: str | None, key: str | None, payload_json: bool, on_duplicate: str) -> None:
+         fmt: str | None, key: str | None, payload_json: bool,
+         on_duplicate: Literal["ignore", "replace"]) -> None:
     """Bulk-enqueue a CSV, JSON-lines or Parquet file, exactly once as a whole. A `payload`
     column is used as the payload (with key, kind, headers, priority, delay_s, available_at
     columns if present); otherwise each row becomes a JSON object payload."""

@@ -12,7 +12,8 @@ import click
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tableq.cli import output
-from tableq.errors import TableqError
+from tableq.errors import LeaseLost, TableqError
+from tableq.message import OnDuplicate
 
 SEND_BATCH = 1000
 
@@ -26,11 +27,12 @@ def migrate() -> None:
     """Create or upgrade tableq's tables (safe to run again, and from several hosts)."""
     q = _ctx().queue()
     applied = q.migrate()
+    where = output.clean(q.backend.where)
     if applied:
         versions = ", ".join(map(str, applied))
-        output.stdout.print(f"applied migrations {versions} to {q.backend.where}")
+        output.show(f"applied migrations {versions} to {where}")
     else:
-        output.stdout.print(f"{q.backend.where} is up to date")
+        output.show(f"{where} is up to date")
 
 
 def _parse_json(text: str, where: str) -> Any:
@@ -59,7 +61,7 @@ def _lines(stream: Any) -> Iterator[tuple[int, Any]]:
 @click.option("--on-duplicate", type=click.Choice(["ignore", "replace", "error"]),
               default="ignore", show_default=True, help="What a duplicate key does.")
 def send(topic: str, payload: str | None, key: str | None, kind: str | None,
-         delay: float | None, priority: int, on_duplicate: str) -> None:
+         delay: float | None, priority: int, on_duplicate: OnDuplicate) -> None:
     """Send PAYLOAD (JSON) to TOPIC. With `-`, or no PAYLOAD and piped input, read one JSON
     value per line from stdin and send them in batches; a line that is an object with a
     "payload" field may also set key, kind, headers, priority, delay."""
@@ -67,8 +69,9 @@ def send(topic: str, payload: str | None, key: str | None, kind: str | None,
     opts = {"kind": kind, "delay": delay, "priority": priority, "on_duplicate": on_duplicate}
     if payload is not None and payload != "-":
         result = q.send(topic, _parse_json(payload, "PAYLOAD"), key=key, **opts)
-        output.stdout.print(f"{result.status} id={result.id} topic={topic}"
-                            + (f" key={result.key}" if result.key else ""))
+        # Plain text, no markup: the message is stored, so showing it must not fail.
+        output.show(f"{result.status} id={result.id} topic={output.clean(topic)}"
+                    + (f" key={output.clean(result.key)}" if result.key else ""))
         return
     if payload is None and sys.stdin.isatty():
         raise click.UsageError("give a PAYLOAD (JSON), or pipe JSON lines and use `-`")
@@ -85,12 +88,13 @@ def send(topic: str, payload: str | None, key: str | None, kind: str | None,
             progress.update(task, advance=len(batch))
             batch.clear()
 
-    progress = Progress(SpinnerColumn(), TextColumn("sending to {task.fields[topic]}"),
+    progress = Progress(SpinnerColumn(), TextColumn("sending to {task.fields[topic]}",
+                                                    markup=False),
                         BarColumn(), TextColumn("{task.completed} messages"),
                         TimeElapsedColumn(), console=output.stderr, transient=True)
     try:
         with progress:
-            task = progress.add_task("send", total=None, topic=topic)
+            task = progress.add_task("send", total=None, topic=output.clean(topic))
             for _, item in _lines(sys.stdin):
                 batch.append(item)
                 if len(batch) >= SEND_BATCH:
@@ -102,16 +106,17 @@ def send(topic: str, payload: str | None, key: str | None, kind: str | None,
         raise click.ClickException(f"{text} ({done} messages before it were sent; nothing "
                                    "of the failing batch)") from None
     total = sum(counts.values())
-    output.stdout.print(f"sent {total} messages to {topic}: {counts['sent']} new, "
-                        f"{counts['duplicate']} duplicate, {counts['replaced']} replaced")
+    output.show(f"sent {total} messages to {output.clean(topic)}: {counts['sent']} new, "
+                f"{counts['duplicate']} duplicate, {counts['replaced']} replaced")
 
 
 @click.command()
 @click.argument("topic")
 @click.option("--max", "max_", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="How many messages at most.")
-@click.option("--ack", is_flag=True, help="Acknowledge (remove) them after printing; "
-              "otherwise they stay leased and come back after the visibility timeout.")
+@click.option("--ack", is_flag=True, help="Acknowledge (remove) them once they were printed "
+              "(if printing fails, nothing is acked); otherwise they stay leased and come back "
+              "after the visibility timeout.")
 @click.option("--visibility-timeout", type=float, default=None,
               help="Lease length in seconds (default: the queue's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -120,17 +125,26 @@ def receive(topic: str, max_: int, ack: bool, visibility_timeout: float | None,
     """Receive (lease) up to --max due messages from TOPIC and print them."""
     q = _ctx().queue()
     msgs = q.receive(topic, max=max_, visibility_timeout=visibility_timeout)
-    if ack and msgs:
-        q.ack_many(msgs)
+    # Shown first, acked after: a message is never removed unless its output was written
+    # (to a closed pipe, say, it stays leased and comes back after the visibility timeout).
     if as_json:
         output.json_lines([output.message_dict(m) for m in msgs])
+    elif not msgs:
+        output.show(f"no due messages on {output.clean(topic)}")
+    else:
+        state = "acking" if ack else "leased"
+        output.show(output.messages_table(f"{len(msgs)} message(s) from {topic}, {state}",
+                                          msgs, leased=not ack))
+    if not (ack and msgs):
         return
-    if not msgs:
-        output.stdout.print(f"no due messages on {topic}")
-        return
-    state = "acked" if ack else "leased"
-    output.stdout.print(output.messages_table(f"{len(msgs)} message(s) from {topic}, {state}",
-                                              msgs, leased=not ack))
+    try:
+        q.ack_many(msgs)
+    except LeaseLost as exc:
+        raise click.ClickException(
+            f"{exc} (the {len(msgs)} message(s) above were printed; those not named here were "
+            "acked)") from None
+    if not as_json:
+        output.show(f"acked {len(msgs)} message(s)")
 
 
 @click.command()
@@ -144,10 +158,9 @@ def peek(topic: str, limit: int, as_json: bool) -> None:
         output.json_lines([output.message_dict(m) for m in msgs])
         return
     if not msgs:
-        output.stdout.print(f"{topic} has no live messages")
+        output.show(f"{output.clean(topic)} has no live messages")
         return
-    output.stdout.print(output.messages_table(f"next {len(msgs)} of {topic}", msgs,
-                                              leased=False))
+    output.show(output.messages_table(f"next {len(msgs)} of {topic}", msgs, leased=False))
 
 
 def confirm(what: str, yes: bool) -> None:
@@ -165,7 +178,7 @@ def purge(topic: str, yes: bool) -> None:
     """Delete every live message of TOPIC (dead letters stay)."""
     confirm(f"delete every live message of {topic!r}", yes)
     n = _ctx().queue().purge(topic)
-    output.stdout.print(f"purged {n} message(s) from {topic}")
+    output.show(f"purged {n} message(s) from {output.clean(topic)}")
 
 
 COMMANDS = (migrate, send, receive, peek, purge)

@@ -43,14 +43,14 @@ def _rate(value: float | None, signed: bool = False) -> str:
 
 def table(rows: list[TopicStats], previous: dict[str, TopicStats], elapsed_s: float,
           *, title: str) -> Table:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=output.clean(title), title_justify="left")
     for col in ("topic", "ready", "scheduled", "in flight", "dead", "oldest ready", "done",
                 "backlog Δ/s", "done/s", "dead/s"):
         t.add_column(col, justify="left" if col == "topic" else "right")
     for s in rows:
         r = rates(previous.get(s.topic), s, elapsed_s)
-        t.add_row(s.topic, str(s.ready), str(s.scheduled), str(s.in_flight), str(s.dead),
-                  output.age(s.oldest_ready_age), str(s.done),
+        t.add_row(output.clean(s.topic), str(s.ready), str(s.scheduled), str(s.in_flight),
+                  str(s.dead), output.age(s.oldest_ready_age), str(s.done),
                   _rate(r.backlog_per_s if r else None, signed=True),
                   _rate(r.done_per_s if r else None), _rate(r.dead_per_s if r else None))
     if not rows:
@@ -75,7 +75,7 @@ def stats(topic: str | None, watch: bool, interval: float, as_json: bool) -> Non
                 "in_flight": s.in_flight, "dead": s.dead, "done": s.done,
                 "oldest_ready_age": s.oldest_ready_age} for s in rows])
         else:
-            output.stdout.print(table(rows, {}, 0.0, title=f"tableq stats — {q.backend.where}"))
+            output.show(table(rows, {}, 0.0, title=f"tableq stats — {q.backend.where}"))
         return
     previous: dict[str, TopicStats] = {}
     last = time.monotonic()

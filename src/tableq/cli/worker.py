@@ -15,6 +15,7 @@ from tableq.cli import setup_logging
 from tableq.errors import ConfigurationError
 
 CHILD_ENV = "TABLEQ_WORKER_CHILD"
+URL_ENV = "TABLEQ_URL"  # what the group's --url reads too
 
 
 def load_app(spec: str) -> Any:
@@ -68,12 +69,18 @@ def load_app(spec: str) -> Any:
               help="Messages fetched beyond free threads, per topic (default 0).")
 @click.option("--grace-period", type=click.FloatRange(min=0), default=None,
               help="Seconds running handlers get to finish on SIGTERM (default 30).")
+@click.option("--api", "api_url", metavar="URL", default=None,
+              help="Run against the HTTP API of `tableq serve` at URL instead of the "
+              "database (needs --token).")
+@click.option("--token", envvar="TABLEQ_TOKEN", default=None, metavar="TOKEN",
+              help="Access token for --api (or $TABLEQ_TOKEN, which keeps it out of `ps`).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
               case_sensitive=False), default="INFO", show_default=True)
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
            concurrency: int | None, processes: int, burst: bool, prefetch: int | None,
-           grace_period: float | None, log_level: str) -> None:
+           grace_period: float | None, api_url: str | None, token: str | None,
+           log_level: str) -> None:
     """Run the handlers of the tableq.App at MODULE:APP (e.g. jobs:app). SIGTERM or Ctrl-C
     stops gracefully (running handlers finish, fetched ones are released); a second one
     exits at once. Nothing is lost either way: unacked messages come back after their
@@ -81,7 +88,15 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
     obj = ctx.obj
     setup_logging(obj.debug, log_level)
     app = load_app(app_spec)
-    if obj.url_given:
+    if api_url is not None:
+        if not token:
+            raise click.UsageError("--api needs --token (or $TABLEQ_TOKEN)")
+        if processes > 1:
+            raise click.UsageError("--api runs one process; start more workers for more")
+        from tableq.client import Client
+
+        app.use_queue(Client(api_url, token))
+    elif obj.url_given:
         try:
             app.use_url(obj.url)
         except ConfigurationError:
@@ -94,14 +109,17 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
         app.check(list(topics) or None)  # one clear error here, not N crash-looping children
         app.close()
 
-        argv = [*(["--url", obj.url] if obj.url_given else []), *(["--debug"] if obj.debug else []),
+        # The URL goes to the children in their environment, never on their command line,
+        # where `ps` would show its password to every user of the machine.
+        argv = [*(["--debug"] if obj.debug else []),
                 "worker", app_spec, "--log-level", log_level,
                 *[a for t in topics for a in ("--topic", t)],
                 *(["--concurrency", str(concurrency)] if concurrency else []),
                 *(["--burst"] if burst else []),
                 *(["--prefetch", str(prefetch)] if prefetch is not None else []),
                 *(["--grace-period", str(grace_period)] if grace_period is not None else [])]
-        env = {**os.environ, CHILD_ENV: "1", supervisor.PARENT_ENV: str(os.getpid())}
+        env = {**os.environ, CHILD_ENV: "1", supervisor.PARENT_ENV: str(os.getpid()),
+               **({URL_ENV: obj.url} if obj.url_given else {})}
 
         def start(_: int) -> Any:
             # Its own process group: Ctrl-C reaches only us, and we forward one SIGTERM.
