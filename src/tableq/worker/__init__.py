@@ -6,7 +6,8 @@ from tableq.worker.app import App
 from tableq.worker.periodic import PeriodicJob
 from tableq.worker.poller import PollPolicy
 from tableq.worker.retry import Backoff
-from tableq.worker.runner import HandlerSpec, Worker, WorkerMode, WorkerOptions
+from tableq.worker.runner import Worker
+from tableq.worker.spec import HandlerSpec, WorkerMode, WorkerOptions
 
 __all__ = ["App", "Backoff", "HandlerSpec", "PeriodicJob", "PollPolicy", "Worker",
            "WorkerMode", "WorkerOptions"]

@@ -19,7 +19,8 @@ from tableq.url import DEFAULT_URL, redact
 from tableq.worker.periodic import PeriodicJob
 from tableq.worker.poller import POLL_INTERVAL_MAX_S, POLL_INTERVAL_MIN_S, PollPolicy
 from tableq.worker.retry import Backoff
-from tableq.worker.runner import MODES, HandlerSpec, Worker, WorkerMode, WorkerOptions
+from tableq.worker.runner import Worker
+from tableq.worker.spec import MODES, HandlerSpec, WorkerMode, WorkerOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_CONCURRENCY = 8

@@ -1,5 +1,5 @@
 """Runs one handler call and reports its outcome: success, error or timeout. No SQL and no
-settling: the runner decides what the outcome means for the message.
+settling: settling.py decides what the outcome means for the message.
 
 Timeouts. An `async def` handler that outruns its timeout is cancelled. A plain function
 cannot be stopped from outside in Python, so with a timeout it runs in a helper thread: when
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import asyncio
 
 # "outage": an exactly-once transaction failed because the database or the connection to it
-# did (the worker then asks the database whether the message is still held, see runner).
+# did (the worker then asks the database whether the message is still held, see settling).
 Status = Literal["ok", "error", "timeout", "lease_lost", "outage"]
 
 

@@ -1,6 +1,7 @@
-"""One topic's buffer of fetched messages and its pool of threads (min..max, growing with the
-backlog and shrinking when idle), and the gate every message passes before its handler
-starts. No SQL: the worker's hooks talk to the Queue.
+"""One topic's lane: its buffer of fetched messages, its pool of threads (min..max, growing
+with the backlog and shrinking when idle), the gate every message passes before its handler
+starts, and the run of the handler itself (the settling then decides what the outcome means).
+No SQL: it talks to the Queue.
 
 The gate: no handler starts while the database is unreachable (its ack could not land and its
 lease could not be extended); a message fetched ahead is charged its attempt here, which also
@@ -26,24 +27,29 @@ max_attempts runs."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
+import random
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from tableq.errors import TableqError
 from tableq.message import Message
+from tableq.queue import Queue
 from tableq.worker import events
-from tableq.worker.executor import describe
-
-if TYPE_CHECKING:
-    from tableq.worker.runner import HandlerSpec, Worker
+from tableq.worker.exactly_once import exactly_once_body
+from tableq.worker.executor import Executor, Outcome, describe
+from tableq.worker.health import Health, first_line, retry_delay
+from tableq.worker.settling import Settling, Tracker
+from tableq.worker.spec import HandlerSpec
 
 FETCH_MAX = 250  # most messages one receive asks for
 IDLE_THREAD_EXIT_S = 10.0  # an idle thread above the minimum exits after this long
 CHARGE_AHEAD_S = 0.02  # charge the messages the threads will start within this long
+START_MARGIN_S = 1.0  # a handler starts only on a lease known to last at least this long
 
 
 @dataclass(eq=False, slots=True)
@@ -70,9 +76,17 @@ def charge_window(start_gap_s: float | None, ahead_s: float = CHARGE_AHEAD_S,
 
 
 class Lane:
-    def __init__(self, worker: Worker, spec: HandlerSpec, cmin: int, cmax: int,
-                 prefetch: int, prefetch_wait_s: float) -> None:
-        self.worker, self.spec = worker, spec
+    """One topic's handler, run by cmin..cmax threads. `stop` is the worker's stop request;
+    `slot_freed` is set each time a handler finishes (the fetch loop waits on it)."""
+
+    def __init__(self, spec: HandlerSpec, cmin: int, cmax: int, prefetch: int,
+                 prefetch_wait_s: float, *, queue: Queue, health: Health, settling: Settling,
+                 executor: Executor, rng: random.Random, stop: threading.Event,
+                 slot_freed: threading.Event) -> None:
+        self.spec = spec
+        self._queue, self._health, self._settling = queue, health, settling
+        self._executor, self._rng = executor, rng
+        self._worker_stop, self._slot_freed = stop, slot_freed
         self.cmin, self.cmax, self.prefetch = cmin, cmax, prefetch
         self.prefetch_wait_s = prefetch_wait_s
         self.avg_duration_s: float | None = None
@@ -137,7 +151,7 @@ class Lane:
         """Up to `limit` buffered jobs to charge ahead of their start: uncharged, not being
         charged, not lost, and not at their last allowed attempt (that one is charged only
         when its own handler starts). Caller holds self.cond."""
-        last = self.worker.queue.max_attempts_for(self.spec.topic, self.spec.max_attempts) - 1
+        last = self._queue.max_attempts_for(self.spec.topic, self.spec.max_attempts) - 1
         return list(itertools.islice(
             (j for j in self.buffer if not j.charged and not j.charging and not j.lost
              and j.msg.attempts < last), limit))
@@ -248,7 +262,7 @@ class Lane:
             try:
                 msg = self._gate(job)
                 if msg is not None:
-                    self.worker._process(self.spec, msg)
+                    self._process(msg)
             except BaseException as exc:  # noqa: BLE001 - a bug here must not kill the pool silently
                 events.emit("worker_error", logging.ERROR, topic=self.spec.topic,
                             id=job.msg.id, error=describe(exc))
@@ -257,7 +271,7 @@ class Lane:
                     self.running -= 1
                     self.idle += 1
                     self.cond.notify_all()
-                self.worker._slot_freed()
+                self._slot_freed.set()
 
     def _pace(self) -> None:
         """Measures the time between two jobs taken (caller holds self.cond)."""
@@ -296,7 +310,7 @@ class Lane:
                 group = self._ahead(max(1, charge_window(self.start_gap_s)))
                 for j in group:
                     j.charging = True
-            if group and self.worker.health.up:
+            if group and self._health.up:
                 self._charge(group)  # an outage leaves them uncharged: the gate charges them
             elif group:
                 with self.cond:
@@ -308,23 +322,23 @@ class Lane:
         """Waits until `job` may start and returns its message (charged, on a lease known to
         be ours), or None if it must not start (lost, or the worker is stopping: then it was
         given back)."""
-        worker = self.worker
+        health = self._health
         # The common case, without a lock: charged (final once true) on a lease set moments
         # ago, the database up, the worker running.
-        if (job.charged and worker.health.up and not self.stopping
+        if (job.charged and health.up and not self.stopping
                 and time.monotonic() - job.leased_at < self.spec.visibility_timeout_s / 2):
             return job.msg
         retries = 0
         while True:
-            if self.stopping or worker.stopping:
+            if self.stopping or self._worker_stop.is_set():
                 with self.cond:
                     while job.charging:
                         self.cond.wait(0.1)
                 if not job.lost:
-                    worker._give_back(job)
+                    self._settling.give_back(job.msg, charged=job.charged)
                 return None
-            if not worker.health.up:
-                worker.health.wait_up(0.5)  # pause: no handler starts during an outage
+            if not health.up:
+                health.wait_up(0.5)  # pause: no handler starts during an outage
                 continue
             with self.cond:
                 while job.charging:
@@ -340,14 +354,14 @@ class Lane:
             if group:
                 if not self._charge(group):
                     retries += 1
-                    worker.health.wait_up(worker._retry_delay(retries))
+                    health.wait_up(retry_delay(retries, self._rng))
                 continue
             if time.monotonic() - job.leased_at < self.spec.visibility_timeout_s / 2:
                 return job.msg  # leased just now: surely still ours (no lock, no round trip)
-            verdict = worker._confirm_lease(self.spec, job.msg)
+            verdict = self._confirm_lease(job.msg)
             if verdict is None:  # unreachable: wait for the database, then ask again
                 retries += 1
-                worker.health.wait_up(worker._retry_delay(retries))
+                health.wait_up(retry_delay(retries, self._rng))
                 continue
             return job.msg if verdict else None
 
@@ -356,7 +370,7 @@ class Lane:
         charged: dict[int, Message] | None = None
         sent = time.monotonic()
         try:
-            charged = self.worker._charge(self.spec, [j.msg for j in group])
+            charged = self._charge_attempts([j.msg for j in group])
         finally:
             # One update under the lock: a thread waiting on a job sees it charged (or lost),
             # never "no longer charging but not charged", which would charge it twice.
@@ -373,3 +387,71 @@ class Lane:
                         j.lost = True
                 self.cond.notify_all()
         return charged is not None
+
+    def _charge_attempts(self, msgs: list[Message]) -> dict[int, Message] | None:
+        """Charges the attempts of messages about to start; their new state by id (missing:
+        lease lost). None if the database was unreachable."""
+        heartbeater = self._settling.heartbeater
+        sent = time.monotonic()
+        try:
+            done = self._queue._charge(msgs, extend=self.spec.visibility_timeout_s)
+        except TableqError as exc:
+            if self._health.failed(exc, "start"):
+                return None
+            # Not an outage: they do not start; their leases run out and they come back.
+            events.emit("start_failed", logging.ERROR, topic=self.spec.topic, count=len(msgs),
+                        error=first_line(exc))
+            for m in msgs:
+                self._settling.unhold(m)
+            return {}
+        self._health.ok()
+        got = {m.id: m for m in done}
+        for m in msgs:
+            if m.id in got:
+                heartbeater.refresh(got[m.id], sent)
+            else:
+                self._settling.unhold(m)
+                self._settling.count("lease_lost")
+                events.emit(events.LEASE_LOST, logging.WARNING, topic=m.topic, id=m.id,
+                            attempts=m.attempts, during="start")
+        return got
+
+    def _confirm_lease(self, msg: Message) -> bool | None:
+        """True if msg may start (its lease surely lasts START_MARGIN_S more, asking the
+        database if unsure), False if it was lost, None if the database was unreachable."""
+        if msg.lease is None:
+            return True  # at_most_once: nothing to hold
+        heartbeater = self._settling.heartbeater
+        left = heartbeater.lease_left(msg)
+        if left is None:
+            return False
+        if left >= min(START_MARGIN_S, self.spec.visibility_timeout_s / 4):
+            return True
+        try:
+            return heartbeater.confirm(msg)
+        except TableqError as exc:
+            if self._health.failed(exc, "start"):
+                return None
+            events.emit("start_failed", logging.ERROR, topic=self.spec.topic, id=msg.id,
+                        error=first_line(exc))
+            return False
+
+    # --- running one message ----------------------------------------------------------------
+
+    def _process(self, msg: Message) -> None:
+        """Runs the handler on msg (past the gate) and hands its outcome to the settling."""
+        spec = self.spec
+        events.emit(events.RECEIVED, topic=msg.topic, id=msg.id, attempts=msg.attempts)
+        tracker = Tracker(self._queue)
+        handed = dataclasses.replace(msg, _queue=tracker)
+        if spec.mode == "exactly_once":
+            body = exactly_once_body(self._queue, self._executor, spec.fn,
+                                     self._settling.unhold)
+            outcome = self._executor.run(body, handed, spec.timeout_s)
+            if outcome.ok and isinstance(outcome.value, Outcome):
+                outcome = outcome.value  # the body reports the handler's own outcome
+        else:
+            outcome = self._executor.run(spec.fn, handed, spec.timeout_s)
+        if outcome.status not in ("timeout", "outage"):
+            self.record(outcome.duration_s)
+        self._settling.settle(spec, msg, outcome, tracker)

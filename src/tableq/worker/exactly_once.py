@@ -1,0 +1,82 @@
+"""Exactly-once processing: the handler runs inside one database transaction whose commit
+carries its own writes and the message's ack together, fenced by the lease. Turns how that
+transaction ended into an Outcome; the settling decides what the outcome means. No SQL: the
+transaction comes from the Queue."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from tableq.errors import LeaseLost
+from tableq.message import Message
+from tableq.queue import Queue
+from tableq.transaction import Transaction
+from tableq.worker.executor import Executor, Outcome, describe
+from tableq.worker.health import is_outage
+
+
+class TrackedTransaction(Transaction):
+    """The exactly-once transaction handed to a handler; remembers what it acked."""
+
+    def __init__(self, queue: Queue, connection: Any,
+                 before_settle: Callable[[Message], None]) -> None:
+        super().__init__(queue, connection)
+        self.settled: set[int] = set()
+        self._before_settle = before_settle
+
+    def ack(self, msg: Message) -> None:
+        # Stop heartbeats first: one issued after this ack locks the row would wait for the
+        # commit and then find the row gone, a false "lease lost".
+        self._before_settle(msg)
+        super().ack(msg)
+        self.settled.add(msg.id)
+
+    def dead_letter(self, msg: Message, error: str) -> None:
+        self._before_settle(msg)
+        super().dead_letter(msg, error)
+        self.settled.add(msg.id)
+
+
+class _Rollback(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+
+def exactly_once_body(queue: Queue, executor: Executor, fn: Callable[[Message], Any],
+                      before_settle: Callable[[Message], None]) -> Callable[[Message], Outcome]:
+    """What the executor runs for an exactly-once message: fn inside a transaction that also
+    acks the message (unless fn settled it itself), returning fn's own outcome, or what the
+    transaction's end says (committed, lease lost, outage). `before_settle(msg)` runs before
+    the transaction settles a message (it stops the message's heartbeat)."""
+    def body(msg: Message) -> Outcome:
+        failed: list[Outcome] = []
+        try:
+            with queue.transaction() as tx:
+                ttx = TrackedTransaction(queue, tx.connection, before_settle)
+                inner = executor.run(fn, dataclasses.replace(msg, _transaction=ttx), None)
+                if not inner.ok:
+                    failed.append(inner)
+                    # Re-raised as it is, so the transaction's end can tell a handler that
+                    # failed on its own from one whose connection died under it.
+                    raise inner.exc if inner.exc is not None else _Rollback(inner)
+                if msg.id not in ttx.settled:
+                    # Fenced by the lease: if it was lost, LeaseLost rolls back the
+                    # handler's writes together with this ack.
+                    ttx.ack(msg)
+                committed = Outcome("ok", None, inner.duration_s, "committed")
+            return committed
+        except _Rollback as rb:
+            return rb.outcome
+        except Exception as exc:
+            if failed and exc is failed[0].exc:
+                return failed[0]  # the handler's own failure, rolled back
+            if isinstance(exc, LeaseLost):
+                return Outcome("lease_lost", describe(exc), exc=exc)
+            if is_outage(exc):
+                # The connection or the database failed: rolled back, or committed with
+                # its reply lost. The settling asks the database which.
+                return Outcome("outage", describe(exc), exc=exc)
+            raise
+    return body
