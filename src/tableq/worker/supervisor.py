@@ -10,10 +10,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from tableq.worker import events
 from tableq.worker.runner import Worker
+
+if TYPE_CHECKING:
+    import subprocess
+    from multiprocessing.process import BaseProcess
 
 EXIT_AT_ONCE = 130  # what a second signal exits with (128 + SIGINT, by shell convention)
 EXIT_RESTART = 75  # a child asks to be replaced (a handler thread timed out and still runs)
@@ -98,12 +102,12 @@ class Child(Protocol):
 
 
 class PopenChild:
-    def __init__(self, popen: Any) -> None:
+    def __init__(self, popen: subprocess.Popen[Any]) -> None:
         self._p = popen
         self.pid = popen.pid
 
     def exitcode(self) -> int | None:
-        return self._p.poll()  # type: ignore[no-any-return]
+        return self._p.poll()
 
     def signal(self, signum: int) -> None:
         if self._p.poll() is None:
@@ -111,12 +115,12 @@ class PopenChild:
 
 
 class ProcessChild:
-    def __init__(self, process: Any) -> None:
+    def __init__(self, process: BaseProcess) -> None:
         self._p = process
         self.pid = process.pid
 
     def exitcode(self) -> int | None:
-        return self._p.exitcode  # type: ignore[no-any-return]
+        return self._p.exitcode
 
     def signal(self, signum: int) -> None:
         if self._p.exitcode is None and self._p.pid is not None:
