@@ -51,7 +51,6 @@ class MySQLBackend(SqlBackend):
     dialect = "mysql"
     connection_type: ClassVar[type] = pymysql.connections.Connection
     connection_name: ClassVar[str] = "PyMySQL Connection"
-    key_column: ClassVar[str] = "`key`"
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32,
                  connect_timeout_s: float = 10,
@@ -169,28 +168,6 @@ class MySQLBackend(SqlBackend):
 
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"refs": tuple(refs)}
-
-    def _param(self, name: str) -> str:
-        return f"%({name})s"
-
-    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
-        """One JSON field compared by type and value. The path is bound too; field names
-        passed a narrow grammar, so the path language sees no '$', '.', '*' or quotes from
-        users."""
-        path, val = f"f_path{i}", f"f_val{i}"
-        params[path] = f'$."{field}"'
-        typ = f"JSON_TYPE(JSON_EXTRACT(payload, %({path})s))"
-        text = f"JSON_UNQUOTE(JSON_EXTRACT(payload, %({path})s)) = %({val})s"
-        if value is None:
-            return f"{typ} = 'NULL'"
-        if isinstance(value, bool):
-            params[val] = "true" if value else "false"
-            return f"({typ} = 'BOOLEAN' AND {text})"
-        params[val] = value
-        if isinstance(value, str):
-            return f"({typ} = 'STRING' AND {text})"
-        return (f"({typ} IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL') AND "
-                f"JSON_EXTRACT(payload, %({path})s) = %({val})s)")
 
     # --- migrations -----------------------------------------------------------------------
 

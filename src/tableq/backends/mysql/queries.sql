@@ -97,7 +97,41 @@ SELECT id FROM {p}message WHERE topic = %(topic)s AND `key` = %(key)s;
 -- name: message_due :many
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
 SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}message
-WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6) /*filter*/
+WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6)
+ORDER BY priority DESC, available_at, id
+LIMIT %(max)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: message_due_where :many
+-- message_due with the receive filter, all bound: kind and key (NULL: any), and the payload
+-- fields as one JSON object, each compared by JSON type and value (1 = 1.0; "1" <> 1; true
+-- <> 1; a missing field, a non-object or bytes payload has no field and matches none). Field
+-- names passed a narrow grammar (letters, digits, _ and -), so each quoted path is exact.
+-- Whole numbers compare as integers (exact to 64 bits), others as doubles.
+SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}message
+WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6)
+  AND (%(f_kind)s IS NULL OR kind = %(f_kind)s)
+  AND (%(f_key)s IS NULL OR `key` = %(f_key)s)
+  AND NOT EXISTS (
+      SELECT 1
+      FROM (SELECT k.path, JSON_TYPE(JSON_EXTRACT(%(f_fields)s, k.path)) AS type,
+                   JSON_UNQUOTE(JSON_EXTRACT(%(f_fields)s, k.path)) AS text
+            FROM (SELECT CONCAT('$."', j.name, '"') AS path
+                  FROM JSON_TABLE(JSON_KEYS(%(f_fields)s), '$[*]'
+                                  COLUMNS (name VARCHAR(64) PATH '$')) AS j) AS k) AS f
+      WHERE NOT COALESCE(CASE f.type
+          WHEN 'NULL' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'NULL'
+          WHEN 'STRING' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'STRING'
+               AND JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) = f.text
+          WHEN 'BOOLEAN' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'BOOLEAN'
+               AND JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) = f.text
+          WHEN 'INTEGER' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path))
+                   IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL')
+               AND JSON_EXTRACT(payload, f.path) = CAST(f.text AS SIGNED)
+          ELSE JSON_TYPE(JSON_EXTRACT(payload, f.path))
+                   IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL')
+               AND JSON_EXTRACT(payload, f.path) = f.text + 0e0
+      END, FALSE))
 ORDER BY priority DESC, available_at, id
 LIMIT %(max)s
 FOR UPDATE SKIP LOCKED;

@@ -139,23 +139,6 @@ class SQLiteBackend(SqlBackend):
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"refs": json.dumps([[i, lease] for i, lease in refs])}
 
-    def _param(self, name: str) -> str:
-        return f":{name}"
-
-    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
-        """One JSON field compared by type and value; the path is bound (the field name
-        passed a narrow grammar)."""
-        path, p = f"f_path{i}", f"f_val{i}"
-        params[path] = f'$."{field}"'
-        if value is None or isinstance(value, bool):
-            params[p] = "null" if value is None else ("true" if value else "false")
-            return f"json_type(payload, :{path}) = :{p}"
-        params[p] = value
-        if isinstance(value, str):
-            return f"(json_type(payload, :{path}) = 'text' AND payload ->> :{path} = :{p})"
-        return (f"(json_type(payload, :{path}) IN ('integer', 'real') "
-                f"AND payload ->> :{path} = :{p})")
-
     # --- migrations -----------------------------------------------------------------------
 
     def _locked(self, fn: Callable[[Cursor], T]) -> T:

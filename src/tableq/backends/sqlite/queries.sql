@@ -84,7 +84,27 @@ WHERE id = :id;
 
 -- name: message_due :many
 SELECT id, attempts FROM {p}message
-WHERE topic = :topic AND available_at <= (julianday('now') - 2440587.5) * 86400.0 /*filter*/
+WHERE topic = :topic AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+ORDER BY priority DESC, available_at, id
+LIMIT :max;
+
+-- name: message_due_where :many
+-- message_due with the receive filter, all bound: kind and key (NULL: any), and the payload
+-- fields as one JSON object, each compared by JSON type and value (1 = 1.0; "1" <> 1; true
+-- <> 1; a missing field, a non-object or bytes payload has no field and matches none). Field
+-- names passed a narrow grammar (letters, digits, _ and -), so each quoted path is exact.
+SELECT id, attempts FROM {p}message
+WHERE topic = :topic AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+  AND (:f_kind IS NULL OR kind = :f_kind)
+  AND (:f_key IS NULL OR key = :f_key)
+  AND NOT EXISTS (
+      SELECT 1 FROM (SELECT '$."' || key || '"' AS path, type, value FROM json_each(:f_fields)) f
+      WHERE NOT COALESCE(CASE
+          WHEN f.type IN ('null', 'true', 'false') THEN json_type(payload, f.path) = f.type
+          WHEN f.type = 'text' THEN json_type(payload, f.path) = 'text'
+               AND payload ->> f.path = f.value
+          ELSE json_type(payload, f.path) IN ('integer', 'real') AND payload ->> f.path = f.value
+      END, 0))
 ORDER BY priority DESC, available_at, id
 LIMIT :max;
 
