@@ -92,6 +92,31 @@ def test_insert_plain_rows_keep_their_order(backend: Backend) -> None:
     assert backend.get(max(ids) + 1000) is None
 
 
+def test_insert_batch_keeps_every_field_and_its_order(backend: Backend) -> None:
+    """One batch mixing every kind of row: ids come back in order, and each row holds what
+    was sent (text with quotes and unicode, bytes, headers, priority, at and delay)."""
+    now = backend.now()
+    at = (now + timedelta(seconds=5)).replace(microsecond=123456)
+    batch = [msg({"s": "a'\"\\ ü🎉\n", "i": i}, kind="k" if i % 2 else None, priority=i,
+                 headers={"h": str(i)} if i % 3 else None) for i in range(1200)]
+    batch += [msg(data=b"\x00\xff\"'raw"), msg({"later": 1}, at=at),
+              msg({"delayed": 1}, delay_s=7.5), msg({"k": 1}, key="kk")]
+    got = backend.insert(batch, "error")
+    ids = [i for i, _ in got]
+    assert len(set(ids)) == len(batch) and ids == sorted(ids)
+    rows = [backend.get(i) for i in ids]
+    for m, row in zip(batch, rows, strict=True):
+        assert row is not None
+        if m.data is not None:
+            assert row["payload"] == m.data
+        else:
+            assert row["payload"] == json.loads(m.json_text)  # type: ignore[arg-type]
+        assert (row["kind"], row["priority"], row["key"]) == (m.kind, m.priority, m.key)
+        assert row["headers"] == (json.loads(m.headers_json) if m.headers_json else {})
+    assert rows[-3]["available_at"] == at  # type: ignore[index]
+    assert rows[-2]["available_at"] == now + timedelta(seconds=7.5)  # type: ignore[index]
+
+
 def test_insert_keyed_duplicate_policies(backend: Backend) -> None:
     [(first, status)] = backend.insert([msg({"v": 1}, key="k")], "error")
     assert status == "sent"

@@ -5,6 +5,7 @@ MySQL 8."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -45,6 +46,16 @@ def _naive(at: datetime | None) -> datetime | None:
 
 def _us(seconds: float) -> int:
     return int(round(seconds * 1_000_000))
+
+
+def _rows_json(rows: Sequence[NewMessage]) -> str:
+    """Rows as message_insert's one JSON parameter (its column order; bytes as hex)."""
+    def row(m: NewMessage) -> list[Any]:
+        at = _naive(m.at)
+        return [m.topic, m.key, m.kind, m.json_text, None if m.data is None else m.data.hex(),
+                m.headers_json, m.priority, None if at is None else at.isoformat(" "),
+                _us(m.delay_s)]
+    return json.dumps([row(m) for m in rows], ensure_ascii=False)
 
 
 class MySQLBackend(SqlBackend):
@@ -202,14 +213,11 @@ class MySQLBackend(SqlBackend):
 
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         ids: list[int] = []
+        # Mode 2 ("interleaved") may hand one statement's rows non-consecutive ids: then
+        # each row is its own statement.
         size = BATCH_ROWS if self.consecutive_ids else 1
         for part in chunks(rows, size):
-            flat: list[Any] = []
-            for m in part:
-                at, us = _naive(m.at), _us(m.delay_s)
-                flat += [m.topic, m.key, m.kind, m.json_text, m.data, m.headers_json,
-                         m.priority, at, us, at, us]
-            cur.execute(self.Q.with_rows(self.Q.message_insert, len(part)), flat)
+            cur.execute(self.Q.message_insert, {"rows": _rows_json(part)})
             first = cur.lastrowid  # LAST_INSERT_ID(): the first id of this statement
             ids.extend(range(first, first + len(part) * self.id_step, self.id_step))
         return ids
@@ -219,7 +227,7 @@ class MySQLBackend(SqlBackend):
         if on_duplicate == "error":
             try:
                 with self.map_errors():
-                    cur.execute(self.Q.message_insert_strict, params)
+                    cur.execute(self.Q.message_insert, {"rows": _rows_json([m])})
             except UniqueViolation:
                 raise duplicate_from(self._one(cur, self.Q.message_find_key, params), m) from None
             return cur.lastrowid, "sent"

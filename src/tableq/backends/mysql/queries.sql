@@ -2,7 +2,6 @@
 -- {p} is the table prefix). Sessions run at READ COMMITTED: no gap locks on the ranges a claim
 -- scans (the classic queue deadlock). Times are UTC_TIMESTAMP(6), which no session time zone
 -- shifts (an outbox send runs on the caller's session).
--- "/*rows*/" marks a VALUES list that the backend repeats once per row of a batch.
 
 -- name: server_version :one
 SELECT VERSION() AS version, @@innodb_autoinc_lock_mode AS autoinc_lock_mode,
@@ -55,12 +54,23 @@ INSERT IGNORE INTO {p}test_clock (one, clock) VALUES (1, UTC_TIMESTAMP(6));
 UPDATE {p}test_clock SET clock = clock + INTERVAL %(by_us)s MICROSECOND;
 
 -- name: message_insert :exec
--- Without keys nothing conflicts, and with innodb_autoinc_lock_mode <= 1 one multi-row INSERT
--- gets consecutive ids starting at LAST_INSERT_ID().
+-- A batch in one statement: its rows travel as one JSON array parameter (MySQL has no array
+-- parameters), [[topic, key, kind, payload text, payload bytes as hex, headers text,
+-- priority, at, delay_us], ...], read in order by JSON_TABLE. An INSERT ... SELECT holds the
+-- table's AUTO-INC lock to its end under innodb_autoinc_lock_mode <= 1, so the batch gets
+-- consecutive ids from LAST_INSERT_ID(), in array order. Text columns are LONGTEXT so no
+-- value is cut short here: the table's own column limits judge them, as for a VALUES row.
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
-VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6),
-        COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND));
+SELECT r.topic, r.`key`, r.kind, r.payload, UNHEX(r.data), r.headers, r.priority,
+       UTC_TIMESTAMP(6), COALESCE(r.at, UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND),
+       COALESCE(r.at, UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND)
+FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (
+    ord FOR ORDINALITY, topic LONGTEXT PATH '$[0]', `key` LONGTEXT PATH '$[1]',
+    kind LONGTEXT PATH '$[2]', payload LONGTEXT PATH '$[3]', data LONGTEXT PATH '$[4]',
+    headers LONGTEXT PATH '$[5]', priority INT PATH '$[6]', at DATETIME(6) PATH '$[7]',
+    delay_us BIGINT PATH '$[8]')) AS r
+ORDER BY r.ord;
 
 -- name: message_insert_keyed :exec
 -- LAST_INSERT_ID(id) hands back the existing row's id on a duplicate (rowcount 0).
@@ -83,13 +93,6 @@ ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), kind = VALUES(kind),
     priority = VALUES(priority), attempts = 0, lease = NULL, last_error = NULL, progress = NULL,
     received_at = NULL, available_at = VALUES(available_at),
     first_available_at = VALUES(first_available_at);
-
--- name: message_insert_strict :exec
-INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
-                        created_at, available_at, first_available_at)
-VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
-        COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND));
 
 -- name: message_find_key :one
 SELECT id FROM {p}message WHERE topic = %(topic)s AND `key` = %(key)s;
