@@ -33,7 +33,7 @@ from tableq.errors import DatabaseTimeout, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
-BATCH_ROWS = 1000  # rows per multi-row INSERT
+BATCH_ROWS = 1000  # rows (or (id, lease) pairs) per batch statement
 MIGRATION_LOCK_WAIT_S = 60
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("UTC_TIMESTAMP(6)", "(SELECT clock FROM {p}test_clock)")
@@ -100,7 +100,7 @@ class MySQLBackend(SqlBackend):
                     cur.execute(self.Q.server_version)
                     self._check_version(cur.fetchone(), conn)
                 if self.mariadb:
-                    cur.execute(self.Q.session_idle_transaction_limit,
+                    cur.execute(self.Q.idle_transaction_limit,
                                 {"seconds": self.transaction_idle_s})
             return conn
 
@@ -232,7 +232,7 @@ class MySQLBackend(SqlBackend):
                 raise duplicate_from(self._one(cur, self.Q.message_find_key, params), m) from None
             return cur.lastrowid, "sent"
         query = (self.Q.message_insert_replace if on_duplicate == "replace"
-                 else self.Q.message_insert_keyed)
+                 else self.Q.message_insert_ignore)
         if self._exec(cur, query, params) == 1:
             return cur.lastrowid, "sent"
         return cur.lastrowid, "replaced" if on_duplicate == "replace" else "duplicate"
@@ -275,7 +275,7 @@ class MySQLBackend(SqlBackend):
                 ids = [r["id"] for r in self._all(cur, self.Q.message_held, self._refs(part))]
                 if ids:
                     if retain:
-                        self._exec(cur, self.Q.message_archive_ids, {"ids": self._ids(ids)})
+                        self._exec(cur, self.Q.message_archive, {"ids": self._ids(ids)})
                     self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids(ids)})
                     held.update(ids)
             return held
@@ -353,7 +353,7 @@ class MySQLBackend(SqlBackend):
                     self._exec(cur, self.Q.dead_requeue, {"ids": self._ids(first)})
             except UniqueViolation as exc:  # a send of the same key won the race: try again
                 raise TransientError(str(exc), self.where) from exc
-            self._exec(cur, self.Q.dead_delete_ids, {"ids": self._ids(first)})
+            self._exec(cur, self.Q.dead_delete_requeued, {"ids": self._ids(first)})
             return len(first)
         return self.run(run, tx=True)
 
@@ -364,11 +364,11 @@ class MySQLBackend(SqlBackend):
             p = group.params()
             if not retain:
                 return self._exec(cur, self.Q.lease_ack, p)
-            ids = [r["id"] for r in self._all(cur, self.Q.lease_lock, p)]
-            if ids:
-                self._exec(cur, self.Q.message_archive_ids, {"ids": self._ids(ids)})
-                self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids(ids)})
-            return len(ids)
+            held = len(self._all(cur, self.Q.lease_lock, p))
+            if held:
+                self._exec(cur, self.Q.lease_archive, p)
+                self._exec(cur, self.Q.lease_ack, p)
+            return held
         return self.run(run, tx=True)
 
     # --- staged loads (Spark sink) ------------------------------------------------------------

@@ -13,7 +13,7 @@ SET time_zone = '+00:00';
 -- name: session_isolation :exec
 SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
--- name: session_idle_transaction_limit :exec
+-- name: idle_transaction_limit :exec
 -- MariaDB only: a transaction left idle (a hung or cut-off exactly-once worker) is rolled
 -- back after this many seconds, releasing its row locks.
 SET SESSION idle_transaction_timeout = %(seconds)s;
@@ -72,8 +72,9 @@ FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (
     delay_us BIGINT PATH '$[8]')) AS r
 ORDER BY r.ord;
 
--- name: message_insert_keyed :exec
--- LAST_INSERT_ID(id) hands back the existing row's id on a duplicate (rowcount 0).
+-- name: message_insert_ignore :exec
+-- A duplicate key is ignored: LAST_INSERT_ID(id) hands back the existing row's id (rowcount
+-- 0).
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
@@ -172,7 +173,7 @@ DELETE FROM {p}message WHERE id IN %(ids)s;
 -- Which of these deliveries still hold their lease; locks them until the transaction ends.
 SELECT id FROM {p}message WHERE (id, lease) IN %(refs)s FOR UPDATE;
 
--- name: message_archive_ids :exec
+-- name: message_archive :exec
 -- Run on rows already locked (FOR UPDATE): they cannot change between this copy and the delete.
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
@@ -282,7 +283,8 @@ SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, 0, cre
        UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), error
 FROM {p}dead WHERE id IN %(ids)s ORDER BY id;
 
--- name: dead_delete_ids :exec
+-- name: dead_delete_requeued :exec
+-- The dead letters that dead_requeue moved back (by id).
 DELETE FROM {p}dead WHERE id IN %(ids)s;
 
 -- name: dead_purge :exec
@@ -293,6 +295,14 @@ DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
 -- takes the ids with id mod n = k.
 SELECT * FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s AND MOD(id, %(n)s) = %(k)s
 ORDER BY priority DESC, id;
+
+-- name: lease_archive :exec
+-- Run on rows already locked (lease_lock): they cannot change between this copy and the delete.
+INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, UTC_TIMESTAMP(6), lease
+FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
 -- name: lease_ack :exec
 DELETE FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;

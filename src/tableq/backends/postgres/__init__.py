@@ -200,7 +200,7 @@ class PostgresBackend(SqlBackend):
             with self.map_errors():
                 tx = conn.transaction()
                 tx.__enter__()
-                conn.execute(self.Q.transaction_idle_limit, {"ms": self.transaction_idle_ms})
+                conn.execute(self.Q.idle_transaction_limit, {"ms": self.transaction_idle_ms})
             try:
                 yield conn
             except BaseException as exc:

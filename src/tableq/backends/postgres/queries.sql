@@ -25,7 +25,7 @@ SELECT version FROM {schema}.migration ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
 
--- name: transaction_idle_limit :exec
+-- name: idle_transaction_limit :exec
 -- An exactly-once transaction whose worker hangs or is cut off would hold its row locks (and
 -- hide its messages from SKIP LOCKED) until the server noticed; this bounds that wait.
 SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true);

@@ -169,7 +169,7 @@ class SQLiteBackend(SqlBackend):
         if on_duplicate == "ignore":
             return found["id"], "duplicate"
         if on_duplicate == "replace":
-            self._exec(cur, self.Q.message_replace, {**params, "id": found["id"]})
+            self._exec(cur, self.Q.message_insert_replace, params)
             return found["id"], "replaced"
         raise duplicate_from(found, m)
 
@@ -195,8 +195,8 @@ class SQLiteBackend(SqlBackend):
             for part in chunks(refs, REFS_PER_STATEMENT):
                 p = self._refs(part)
                 if retain:
-                    self._exec(c, self.Q.message_archive_refs, p)
-                done.update(r["id"] for r in self._all(c, self.Q.message_ack_refs, p))
+                    self._exec(c, self.Q.message_archive, p)
+                done.update(r["id"] for r in self._all(c, self.Q.message_ack, p))
             return done
         return self.run(run, conn)
 
@@ -204,7 +204,7 @@ class SQLiteBackend(SqlBackend):
         def run(c: Cursor) -> bool:
             params = {"id": msg_id, "lease": lease, "error": error}
             self._exec(c, self.Q.message_bury, params)
-            return self._one(c, self.Q.message_delete_leased, params) is not None
+            return self._one(c, self.Q.message_ack_one, params) is not None
         return self.run(run, conn)
 
     # --- dead letters -----------------------------------------------------------------------
