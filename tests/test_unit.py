@@ -24,55 +24,54 @@ BACKENDS_DIR = pathlib.Path(tableq.__file__).parent / "backends"
 # holds each file to exactly "shared + its listed names", so a new query is added to all
 # three dialects, or listed here with its reason.
 FAMILY_QUERIES = {
-    # The select-then-lease claim and per-key insert that MySQL and SQLite share
-    # (SqlBackend.claim / insert); PostgreSQL claims and inserts in one statement each.
+    # The select-then-lease claim, per-key insert and ack-then-archive that MySQL and SQLite
+    # share (SqlBackend.claim / insert); PostgreSQL does each in one statement.
     ("mysql", "sqlite"): {
-        "message_due", "message_lease", "message_bury_ids", "message_delete_ids",
-        "message_find_key", "stage_insert",
+        "message_due", "message_due_where", "message_lease", "message_bury_ids",
+        "message_delete_ids", "message_find_key", "message_ack_one", "message_archive",
+        "lease_archive", "dead_delete_requeued", "stage_insert",
     },
-    # Servers, not files: a version check, a migration lock, open-transaction facts.
+    # Servers, not files: a version check, a migration lock, an idle-transaction limit,
+    # open-transaction facts; a duplicate key ignored by the statement itself (SQLite looks
+    # the key up first, under its one write lock).
     ("postgres", "mysql"): {
-        "server_version", "migration_lock", "doctor_old_transactions",
-        "message_insert_replace",
+        "server_version", "migration_lock", "idle_transaction_limit",
+        "doctor_old_transactions", "message_insert_ignore",
     },
-    # One DELETE ... RETURNING for at-most-once receives (MySQL has no RETURNING).
-    ("postgres", "sqlite"): {"message_take"},
+    # DELETE ... RETURNING: fenced acks and at-most-once receives (MySQL has no RETURNING).
+    ("postgres", "sqlite"): {"message_ack", "message_take"},
 }
 DIALECT_ONLY = {
     "postgres": {
-        # one-statement claim / ack / insert over arrays (unnest) and RETURNING
-        "message_claim", "message_claim_ids", "message_ack", "message_ack_retain",
-        "message_insert_ignore", "message_find_keys", "lease_ack_retain",
+        # one-statement claims (plain, ids-only, filtered), take, ack, archive over arrays
+        # (unnest) and RETURNING
+        "message_claim", "message_claim_ids", "message_claim_where", "message_take_where",
+        "message_ack_retain", "message_find_keys", "lease_ack_retain",
         # savepoints keep a caller's transaction usable after a refused duplicate
         "savepoint_set", "savepoint_release", "savepoint_rollback",
         # COPY bulk loads under load parts, async commit, NOTIFY wake-ups
         "message_copy", "message_copy_due", "stage_copy", "stage_async_commit",
         "load_part_open", "load_part_publish", "load_part_rows", "load_part_drop",
         "load_notify", "listen",
-        # a schema per namespace; idle-transaction limit per transaction
-        "schema_create", "transaction_idle_limit",
+        # a schema per namespace
+        "schema_create",
         "doctor_dead_rows", "doctor_prepared_transactions", "doctor_replication_slots",
         "doctor_sees_all_sessions",
     },
     "mysql": {
         # no RETURNING: read back what a statement changed, under a row lock
         "message_held", "message_charged", "message_due_at", "message_lease_until",
-        "message_lock_leased", "lease_lock", "message_ack_one", "message_archive_ids",
-        "dead_requeue_ids", "dead_delete_ids",
-        # duplicate policy as ON DUPLICATE KEY variants
-        "message_insert_strict", "message_insert_keyed",
+        "message_lock_leased", "lease_lock", "dead_requeue_ids",
         # session settings and the named-lock migration guard
-        "session_time_zone", "session_isolation", "session_idle_transaction_limit",
-        "migration_unlock", "doctor_history_length",
+        "session_time_zone", "session_isolation", "migration_unlock", "doctor_history_length",
     },
     "sqlite": {
         # explicit transactions (BEGIN IMMEDIATE) and per-connection PRAGMAs
         "tx_begin_write", "tx_begin_read", "tx_commit", "tx_rollback",
         "session_journal_wal", "session_synchronous_full", "session_synchronous_normal",
         "session_synchronous_extra",
-        # a keyed insert, ack and dead-letter requeue in two statements under the write lock
-        "last_insert_id", "message_replace", "message_archive_refs", "message_ack_refs",
-        "message_delete_leased", "lease_archive", "dead_delete_requeued",
+        # the id of an executemany insert (the driver gives no batch ids)
+        "last_insert_id",
     },
 }
 DIALECTS = ("sqlite", "postgres", "mysql")
@@ -95,21 +94,21 @@ def test_query_names_have_full_parity_but_for_the_listed_ones() -> None:
 
 
 def test_no_sql_is_patched_in_python() -> None:
-    """Identifiers are filled at load; /*filter*/ and /*rows*/ are the one documented
-    expansion mechanism (_queries.py). No other marker or placeholder reaches Python."""
-    for dialect in DIALECTS:
-        code = (BACKENDS_DIR / dialect / "__init__.py").read_text()
-        for marker in ("/*", '"PRAGMA', 'f"PRAGMA', "l.*"):
-            assert marker not in code, (dialect, marker)
+    """Every statement runs exactly as queries.sql has it: no marker for per-call surgery (no
+    /* at all: a receive filter or a batch is a distinct named query over bound parameters),
+    and no placeholder but the identifiers filled once at load ({schema} / {p}, and {channel},
+    PostgreSQL's LISTEN channel; see _queries.py)."""
+    for name in ("sql.py", "_queries.py", *(f"{d}/__init__.py" for d in DIALECTS)):
+        code = (BACKENDS_DIR / name).read_text()
+        for marker in ("/*", '"PRAGMA', 'f"PRAGMA', "l.*", "with_filter", "with_rows"):
+            assert marker not in code, (name, marker)
         # statements reach the driver only as named queries, never as literal strings
-        assert not re.search(r"""execute(many)?\(\s*f?["']""", code), dialect
+        assert not re.search(r"""execute(many)?\(\s*f?["']""", code), name
     for dialect in DIALECTS:
         queries = parse_named((BACKENDS_DIR / dialect / "queries.sql").read_text())
-        rows = {name for name, sql in queries.items() if "/*rows*/" in sql}
-        assert rows == ({"message_insert"} if dialect == "mysql" else set()), dialect
         for name, sql in queries.items():
-            assert not re.search(r"/\*(?!filter\*/|rows\*/)|\{(?!schema\}|p\}|channel\})",
-                                 sql), (dialect, name)
+            assert "/*" not in sql and "*/" not in sql, (dialect, name)
+            assert not re.search(r"\{(?!schema\}|p\}|channel\})", sql), (dialect, name)
 
 
 # Modules whose SQL is advice printed for people to run (tableq doctor), never executed.

@@ -92,6 +92,31 @@ def test_insert_plain_rows_keep_their_order(backend: Backend) -> None:
     assert backend.get(max(ids) + 1000) is None
 
 
+def test_insert_batch_keeps_every_field_and_its_order(backend: Backend) -> None:
+    """One batch mixing every kind of row: ids come back in order, and each row holds what
+    was sent (text with quotes and unicode, bytes, headers, priority, at and delay)."""
+    now = backend.now()
+    at = (now + timedelta(seconds=5)).replace(microsecond=123456)
+    batch = [msg({"s": "a'\"\\ ü🎉\n", "i": i}, kind="k" if i % 2 else None, priority=i,
+                 headers={"h": str(i)} if i % 3 else None) for i in range(1200)]
+    batch += [msg(data=b"\x00\xff\"'raw"), msg({"later": 1}, at=at),
+              msg({"delayed": 1}, delay_s=7.5), msg({"k": 1}, key="kk")]
+    got = backend.insert(batch, "error")
+    ids = [i for i, _ in got]
+    assert len(set(ids)) == len(batch) and ids == sorted(ids)
+    rows = [backend.get(i) for i in ids]
+    for m, row in zip(batch, rows, strict=True):
+        assert row is not None
+        if m.data is not None:
+            assert row["payload"] == m.data
+        else:
+            assert row["payload"] == json.loads(m.json_text)  # type: ignore[arg-type]
+        assert (row["kind"], row["priority"], row["key"]) == (m.kind, m.priority, m.key)
+        assert row["headers"] == (json.loads(m.headers_json) if m.headers_json else {})
+    assert rows[-3]["available_at"] == at  # type: ignore[index]
+    assert rows[-2]["available_at"] == now + timedelta(seconds=7.5)  # type: ignore[index]
+
+
 def test_insert_keyed_duplicate_policies(backend: Backend) -> None:
     [(first, status)] = backend.insert([msg({"v": 1}, key="k")], "error")
     assert status == "sent"
@@ -185,6 +210,45 @@ def test_claim_filter_binds_kind_key_and_json_fields(backend: Backend) -> None:
     assert pick(Filter(None, "k3", ())) == ["3"]
     assert pick(Filter(None, None, (("n", None),))) == ["None"]
     assert pick(Filter(None, None, (("s", "a"),))) == ["1"]
+
+
+def test_claim_filter_compares_json_fields_by_type_and_value(backend: Backend) -> None:
+    """The receive filter's exact semantics on every dialect: a field matches by JSON type
+    and value (1 == 1.0; "1" != 1; true != 1; null only when present as null); a missing
+    field, a non-object payload and a bytes payload match no field; quotes, unicode and
+    case are compared exactly; several fields must all match."""
+    payloads: list[object] = [
+        {"v": 1, "t": "int"}, {"v": 1.0, "t": "float"}, {"v": "1", "t": "str1"},
+        {"v": True, "t": "true"}, {"v": False, "t": "false"}, {"v": None, "t": "null"},
+        {"t": "missing"}, {"v": "a'\"; --ü🎉", "t": "quotes"}, {"v": "A", "t": "upper"},
+        {"v": "a", "t": "lower"}, {"v": [1], "t": "list"},
+        {"v": {"x": 1}, "t": "obj"}, {"v": 0, "t": "zero"}, {"v": 2.5, "u": 7, "t": "two"},
+        [1, 2], "v", 7,
+    ]
+    backend.insert([msg(p) for p in payloads] + [msg(data=b"\x00{\"v\": 1}")], "error")
+    everything = [r["id"] for r in backend.peek(T, 100)]
+
+    def pick(*fields: tuple[str, object]) -> list[str]:
+        rows = backend.claim(spec(100, where=Filter(None, None, fields))).rows
+        for r in rows:  # put them back: each case sees every message
+            backend.release(r["id"], r["lease"], 0, None, False)
+        return sorted(r["payload"]["t"] for r in rows)
+
+    assert pick(("v", 1)) == ["float", "int"]
+    assert pick(("v", 1.0)) == ["float", "int"]
+    assert pick(("v", "1")) == ["str1"]
+    assert pick(("v", True)) == ["true"]
+    assert pick(("v", False)) == ["false"]
+    assert pick(("v", 0)) == ["zero"]
+    assert pick(("v", None)) == ["null"]
+    assert pick(("v", "a'\"; --ü🎉")) == ["quotes"]
+    assert pick(("v", "a")) == ["lower"]
+    assert pick(("v", "A")) == ["upper"]
+    assert pick(("v", 2.5), ("u", 7)) == ["two"]
+    assert pick(("v", 2.5), ("u", 8)) == []
+    assert pick(("w", None)) == []
+    assert pick(("t", "missing"), ("v", None)) == []
+    assert len(backend.claim(spec(100, where=Filter(None, None, ()))).rows) == len(everything)
 
 
 def test_release_with_and_without_penalty(backend: Backend) -> None:

@@ -1,15 +1,14 @@
 """Loads a backend's queries.sql (named queries) and its numbered migrations.
 
-Identifiers are filled once at load, never per call: the namespace placeholder ({schema} or
-{p}) from the validated URL, and the few other names a dialect lists (PostgreSQL's LISTEN
-channel, MySQL's collation), from fixed values derived from it.
+Every statement is a named query, run exactly as written: nothing is spliced into SQL per
+call. Where dialects or calls differ in shape, they use distinct named queries (a receive
+with a filter runs the *_where twin of the plain one; a batch travels as one array or JSON
+parameter), never string surgery, and no query holds a block-comment marker (test_unit).
 
-One mechanism shapes a statement per call: an expansion point, for the two statements whose
-length depends on the call. A query that receives may carry `/*filter*/` where the compiled
-receive filter goes (`Queries.with_filter`: a user's filter has any number of fields, all
-bound), and MySQL's multi-row INSERT carries `/*rows*/` before its VALUES row, repeated once
-per row (`Queries.with_rows`: MySQL has no array parameters, and one statement is what
-gives a batch consecutive ids). Every other difference of shape is a distinct named query."""
+Identifiers are filled once, at load, from fixed values, because SQL cannot bind them:
+the namespace placeholder ({schema} or {p}) from the validated URL, PostgreSQL's LISTEN
+channel ({channel}, derived from the schema), MySQL's binary collation in migrations ({bin},
+chosen by server flavour), and a test clock's "now" expression (`clock`)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-FILTER, ROWS = "/*filter*/", "/*rows*/"
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*(:\w+)?\s*$", re.MULTILINE)
 
 
@@ -31,21 +29,6 @@ class Queries:
 
     def names(self) -> set[str]:
         return set(self._queries)
-
-    @staticmethod
-    def with_filter(query: str, clause: str) -> str:
-        """The query with a compiled receive filter (" AND ...", or "") at its /*filter*/."""
-        if FILTER not in query:
-            raise ValueError("this query takes no receive filter (it has no /*filter*/)")
-        return query.replace(FILTER, clause)
-
-    @staticmethod
-    def with_rows(query: str, n: int) -> str:
-        """The query with the VALUES row after its /*rows*/ repeated n times."""
-        head, found, row = query.partition(ROWS)
-        if not found:
-            raise ValueError("this query has no /*rows*/ VALUES row to repeat")
-        return head + ", ".join([row.strip()] * n)
 
     def __getattr__(self, name: str) -> str:  # only reached for unknown names
         raise AttributeError(f"no query named {name!r} in this backend's queries.sql")

@@ -380,26 +380,12 @@ def dead_row_values(row: Row, to_db_time: Callable[[datetime | None], Any]) -> d
     }
 
 
-FieldClause = Callable[[int, str, Any, dict[str, Any]], str]
-
-
-def compile_filter(where: Filter | None, *, param: Callable[[str], str], key_column: str,
-                   field_clause: FieldClause) -> tuple[str, dict[str, Any]]:
-    """A receive filter as " AND ..." SQL over bound parameters. The backend supplies its
-    parameter syntax and the clause for one top-level JSON field (`field_clause(i, field,
-    value, params)` adds its own parameters); names and values are never spliced."""
-    if where is None:
-        return "", {}
-    sql, params = [], {}
-    if where.kind is not None:
-        sql.append(f"kind = {param('f_kind')}")
-        params["f_kind"] = where.kind
-    if where.key is not None:
-        sql.append(f"{key_column} = {param('f_key')}")
-        params["f_key"] = where.key
-    for i, (field, value) in enumerate(where.fields):
-        sql.append(field_clause(i, field, value, params))
-    return "".join(" AND " + s for s in sql), params
+def filter_params(where: Filter) -> dict[str, Any]:
+    """A receive filter as the three parameters of every dialect's *_where queries: kind and
+    key (None: any), and the payload fields as one JSON object that the database compares
+    field by field with its own JSON functions. The SQL text is the same for every filter."""
+    return {"f_kind": where.kind, "f_key": where.key,
+            "f_fields": json.dumps(dict(where.fields), ensure_ascii=False)}
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -31,8 +31,8 @@ from tableq.backends.base import (
     applied_versions,
     as_rows,
     chunks,
-    compile_filter,
     dead_row_values,
+    filter_params,
     idempotency_record,
     merge_stats,
     retrying,
@@ -65,8 +65,6 @@ class SqlBackend(Backend):
     # The driver's connection class and its name in messages (check_connection).
     connection_type: ClassVar[type]
     connection_name: ClassVar[str]
-    # How the receive filter names the key column, binds a value, and compares one JSON field.
-    key_column: ClassVar[str] = "key"
 
     # --- what a dialect supplies --------------------------------------------------------------
 
@@ -120,14 +118,6 @@ class SqlBackend(Backend):
         """(id, lease) pairs as parameters."""
 
     @abstractmethod
-    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
-        """The SQL comparing one top-level JSON field of the payload (bound values only)."""
-
-    @abstractmethod
-    def _param(self, name: str) -> str:
-        """A named parameter in the driver's style."""
-
-    @abstractmethod
     def _locked(self, fn: Callable[[Cursor], T]) -> T:
         """Runs fn holding the migration lock, with the migration ledger in place."""
 
@@ -177,11 +167,11 @@ class SqlBackend(Backend):
             row.pop(name, None)
         return row  # a claimed row keeps "charged" (ClaimSpec.charge)
 
-    def _filtered(self, query: str, where: Filter | None) -> tuple[str, Params]:
-        """The query with the receive filter at its /*filter*/ point (see _queries.py)."""
-        clause, params = compile_filter(where, param=self._param, key_column=self.key_column,
-                                        field_clause=self._field_clause)
-        return self.Q.with_filter(query, clause), params
+    def _receive(self, plain: str, filtered: str, where: Filter | None) -> tuple[str, Params]:
+        """A receiving statement: `plain` when unfiltered (no filter predicates at all, so the
+        common claim stays as fast as it can be), else its *_where twin, whose filter is fixed
+        text over the filter's bound parameters (filter_params)."""
+        return (plain, {}) if where is None else (filtered, filter_params(where))
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -297,7 +287,7 @@ class SqlBackend(Backend):
     # claiming statement) ----------------------------------------------------------------
 
     def _due(self, cur: Cursor, spec: ClaimSpec) -> list[Row]:
-        sql, params = self._filtered(self.Q.message_due, spec.where)
+        sql, params = self._receive(self.Q.message_due, self.Q.message_due_where, spec.where)
         return self._all(cur, sql, {**params, "topic": spec.topic, "max": spec.max})
 
     def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:

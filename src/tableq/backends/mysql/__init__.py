@@ -5,6 +5,7 @@ MySQL 8."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -32,7 +33,7 @@ from tableq.errors import DatabaseTimeout, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
-BATCH_ROWS = 1000  # rows per multi-row INSERT
+BATCH_ROWS = 1000  # rows (or (id, lease) pairs) per batch statement
 MIGRATION_LOCK_WAIT_S = 60
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("UTC_TIMESTAMP(6)", "(SELECT clock FROM {p}test_clock)")
@@ -47,11 +48,20 @@ def _us(seconds: float) -> int:
     return int(round(seconds * 1_000_000))
 
 
+def _rows_json(rows: Sequence[NewMessage]) -> str:
+    """Rows as message_insert's one JSON parameter (its column order; bytes as hex)."""
+    def row(m: NewMessage) -> list[Any]:
+        at = _naive(m.at)
+        return [m.topic, m.key, m.kind, m.json_text, None if m.data is None else m.data.hex(),
+                m.headers_json, m.priority, None if at is None else at.isoformat(" "),
+                _us(m.delay_s)]
+    return json.dumps([row(m) for m in rows], ensure_ascii=False)
+
+
 class MySQLBackend(SqlBackend):
     dialect = "mysql"
     connection_type: ClassVar[type] = pymysql.connections.Connection
     connection_name: ClassVar[str] = "PyMySQL Connection"
-    key_column: ClassVar[str] = "`key`"
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32,
                  connect_timeout_s: float = 10,
@@ -90,7 +100,7 @@ class MySQLBackend(SqlBackend):
                     cur.execute(self.Q.server_version)
                     self._check_version(cur.fetchone(), conn)
                 if self.mariadb:
-                    cur.execute(self.Q.session_idle_transaction_limit,
+                    cur.execute(self.Q.idle_transaction_limit,
                                 {"seconds": self.transaction_idle_s})
             return conn
 
@@ -170,28 +180,6 @@ class MySQLBackend(SqlBackend):
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"refs": tuple(refs)}
 
-    def _param(self, name: str) -> str:
-        return f"%({name})s"
-
-    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
-        """One JSON field compared by type and value. The path is bound too; field names
-        passed a narrow grammar, so the path language sees no '$', '.', '*' or quotes from
-        users."""
-        path, val = f"f_path{i}", f"f_val{i}"
-        params[path] = f'$."{field}"'
-        typ = f"JSON_TYPE(JSON_EXTRACT(payload, %({path})s))"
-        text = f"JSON_UNQUOTE(JSON_EXTRACT(payload, %({path})s)) = %({val})s"
-        if value is None:
-            return f"{typ} = 'NULL'"
-        if isinstance(value, bool):
-            params[val] = "true" if value else "false"
-            return f"({typ} = 'BOOLEAN' AND {text})"
-        params[val] = value
-        if isinstance(value, str):
-            return f"({typ} = 'STRING' AND {text})"
-        return (f"({typ} IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL') AND "
-                f"JSON_EXTRACT(payload, %({path})s) = %({val})s)")
-
     # --- migrations -----------------------------------------------------------------------
 
     def _locked(self, fn: Callable[[Cursor], T]) -> T:
@@ -225,14 +213,11 @@ class MySQLBackend(SqlBackend):
 
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         ids: list[int] = []
+        # Mode 2 ("interleaved") may hand one statement's rows non-consecutive ids: then
+        # each row is its own statement.
         size = BATCH_ROWS if self.consecutive_ids else 1
         for part in chunks(rows, size):
-            flat: list[Any] = []
-            for m in part:
-                at, us = _naive(m.at), _us(m.delay_s)
-                flat += [m.topic, m.key, m.kind, m.json_text, m.data, m.headers_json,
-                         m.priority, at, us, at, us]
-            cur.execute(self.Q.with_rows(self.Q.message_insert, len(part)), flat)
+            cur.execute(self.Q.message_insert, {"rows": _rows_json(part)})
             first = cur.lastrowid  # LAST_INSERT_ID(): the first id of this statement
             ids.extend(range(first, first + len(part) * self.id_step, self.id_step))
         return ids
@@ -242,12 +227,12 @@ class MySQLBackend(SqlBackend):
         if on_duplicate == "error":
             try:
                 with self.map_errors():
-                    cur.execute(self.Q.message_insert_strict, params)
+                    cur.execute(self.Q.message_insert, {"rows": _rows_json([m])})
             except UniqueViolation:
                 raise duplicate_from(self._one(cur, self.Q.message_find_key, params), m) from None
             return cur.lastrowid, "sent"
         query = (self.Q.message_insert_replace if on_duplicate == "replace"
-                 else self.Q.message_insert_keyed)
+                 else self.Q.message_insert_ignore)
         if self._exec(cur, query, params) == 1:
             return cur.lastrowid, "sent"
         return cur.lastrowid, "replaced" if on_duplicate == "replace" else "duplicate"
@@ -290,7 +275,7 @@ class MySQLBackend(SqlBackend):
                 ids = [r["id"] for r in self._all(cur, self.Q.message_held, self._refs(part))]
                 if ids:
                     if retain:
-                        self._exec(cur, self.Q.message_archive_ids, {"ids": self._ids(ids)})
+                        self._exec(cur, self.Q.message_archive, {"ids": self._ids(ids)})
                     self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids(ids)})
                     held.update(ids)
             return held
@@ -368,7 +353,7 @@ class MySQLBackend(SqlBackend):
                     self._exec(cur, self.Q.dead_requeue, {"ids": self._ids(first)})
             except UniqueViolation as exc:  # a send of the same key won the race: try again
                 raise TransientError(str(exc), self.where) from exc
-            self._exec(cur, self.Q.dead_delete_ids, {"ids": self._ids(first)})
+            self._exec(cur, self.Q.dead_delete_requeued, {"ids": self._ids(first)})
             return len(first)
         return self.run(run, tx=True)
 
@@ -379,11 +364,11 @@ class MySQLBackend(SqlBackend):
             p = group.params()
             if not retain:
                 return self._exec(cur, self.Q.lease_ack, p)
-            ids = [r["id"] for r in self._all(cur, self.Q.lease_lock, p)]
-            if ids:
-                self._exec(cur, self.Q.message_archive_ids, {"ids": self._ids(ids)})
-                self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids(ids)})
-            return len(ids)
+            held = len(self._all(cur, self.Q.lease_lock, p))
+            if held:
+                self._exec(cur, self.Q.lease_archive, p)
+                self._exec(cur, self.Q.lease_ack, p)
+            return held
         return self.run(run, tx=True)
 
     # --- staged loads (Spark sink) ------------------------------------------------------------

@@ -2,7 +2,6 @@
 -- {p} is the table prefix). Sessions run at READ COMMITTED: no gap locks on the ranges a claim
 -- scans (the classic queue deadlock). Times are UTC_TIMESTAMP(6), which no session time zone
 -- shifts (an outbox send runs on the caller's session).
--- "/*rows*/" marks a VALUES list that the backend repeats once per row of a batch.
 
 -- name: server_version :one
 SELECT VERSION() AS version, @@innodb_autoinc_lock_mode AS autoinc_lock_mode,
@@ -14,7 +13,7 @@ SET time_zone = '+00:00';
 -- name: session_isolation :exec
 SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
--- name: session_idle_transaction_limit :exec
+-- name: idle_transaction_limit :exec
 -- MariaDB only: a transaction left idle (a hung or cut-off exactly-once worker) is rolled
 -- back after this many seconds, releasing its row locks.
 SET SESSION idle_transaction_timeout = %(seconds)s;
@@ -55,15 +54,27 @@ INSERT IGNORE INTO {p}test_clock (one, clock) VALUES (1, UTC_TIMESTAMP(6));
 UPDATE {p}test_clock SET clock = clock + INTERVAL %(by_us)s MICROSECOND;
 
 -- name: message_insert :exec
--- Without keys nothing conflicts, and with innodb_autoinc_lock_mode <= 1 one multi-row INSERT
--- gets consecutive ids starting at LAST_INSERT_ID().
+-- A batch in one statement: its rows travel as one JSON array parameter (MySQL has no array
+-- parameters), [[topic, key, kind, payload text, payload bytes as hex, headers text,
+-- priority, at, delay_us], ...], read in order by JSON_TABLE. An INSERT ... SELECT holds the
+-- table's AUTO-INC lock to its end under innodb_autoinc_lock_mode <= 1, so the batch gets
+-- consecutive ids from LAST_INSERT_ID(), in array order. Text columns are LONGTEXT so no
+-- value is cut short here: the table's own column limits judge them, as for a VALUES row.
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
-VALUES /*rows*/ (%s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6),
-        COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND));
+SELECT r.topic, r.`key`, r.kind, r.payload, UNHEX(r.data), r.headers, r.priority,
+       UTC_TIMESTAMP(6), COALESCE(r.at, UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND),
+       COALESCE(r.at, UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND)
+FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (
+    ord FOR ORDINALITY, topic LONGTEXT PATH '$[0]', `key` LONGTEXT PATH '$[1]',
+    kind LONGTEXT PATH '$[2]', payload LONGTEXT PATH '$[3]', data LONGTEXT PATH '$[4]',
+    headers LONGTEXT PATH '$[5]', priority INT PATH '$[6]', at DATETIME(6) PATH '$[7]',
+    delay_us BIGINT PATH '$[8]')) AS r
+ORDER BY r.ord;
 
--- name: message_insert_keyed :exec
--- LAST_INSERT_ID(id) hands back the existing row's id on a duplicate (rowcount 0).
+-- name: message_insert_ignore :exec
+-- A duplicate key is ignored: LAST_INSERT_ID(id) hands back the existing row's id (rowcount
+-- 0).
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
@@ -84,20 +95,47 @@ ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), kind = VALUES(kind),
     received_at = NULL, available_at = VALUES(available_at),
     first_available_at = VALUES(first_available_at);
 
--- name: message_insert_strict :exec
-INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
-                        created_at, available_at, first_available_at)
-VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
-        COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND));
-
 -- name: message_find_key :one
 SELECT id FROM {p}message WHERE topic = %(topic)s AND `key` = %(key)s;
 
 -- name: message_due :many
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
 SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}message
-WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6) /*filter*/
+WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6)
+ORDER BY priority DESC, available_at, id
+LIMIT %(max)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: message_due_where :many
+-- message_due with the receive filter, all bound: kind and key (NULL: any), and the payload
+-- fields as one JSON object, each compared by JSON type and value (1 = 1.0; "1" <> 1; true
+-- <> 1; a missing field, a non-object or bytes payload has no field and matches none). Field
+-- names passed a narrow grammar (letters, digits, _ and -), so each quoted path is exact.
+-- Whole numbers compare as integers (exact to 64 bits), others as doubles.
+SELECT *, UTC_TIMESTAMP(6) AS db_now FROM {p}message
+WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6)
+  AND (%(f_kind)s IS NULL OR kind = %(f_kind)s)
+  AND (%(f_key)s IS NULL OR `key` = %(f_key)s)
+  AND NOT EXISTS (
+      SELECT 1
+      FROM (SELECT k.path, JSON_TYPE(JSON_EXTRACT(%(f_fields)s, k.path)) AS type,
+                   JSON_UNQUOTE(JSON_EXTRACT(%(f_fields)s, k.path)) AS text
+            FROM (SELECT CONCAT('$."', j.name, '"') AS path
+                  FROM JSON_TABLE(JSON_KEYS(%(f_fields)s), '$[*]'
+                                  COLUMNS (name VARCHAR(64) PATH '$')) AS j) AS k) AS f
+      WHERE NOT COALESCE(CASE f.type
+          WHEN 'NULL' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'NULL'
+          WHEN 'STRING' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'STRING'
+               AND JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) = f.text
+          WHEN 'BOOLEAN' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'BOOLEAN'
+               AND JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) = f.text
+          WHEN 'INTEGER' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path))
+                   IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL')
+               AND JSON_EXTRACT(payload, f.path) = CAST(f.text AS SIGNED)
+          ELSE JSON_TYPE(JSON_EXTRACT(payload, f.path))
+                   IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL')
+               AND JSON_EXTRACT(payload, f.path) = f.text + 0e0
+      END, FALSE))
 ORDER BY priority DESC, available_at, id
 LIMIT %(max)s
 FOR UPDATE SKIP LOCKED;
@@ -135,7 +173,7 @@ DELETE FROM {p}message WHERE id IN %(ids)s;
 -- Which of these deliveries still hold their lease; locks them until the transaction ends.
 SELECT id FROM {p}message WHERE (id, lease) IN %(refs)s FOR UPDATE;
 
--- name: message_archive_ids :exec
+-- name: message_archive :exec
 -- Run on rows already locked (FOR UPDATE): they cannot change between this copy and the delete.
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
@@ -245,7 +283,8 @@ SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, 0, cre
        UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), error
 FROM {p}dead WHERE id IN %(ids)s ORDER BY id;
 
--- name: dead_delete_ids :exec
+-- name: dead_delete_requeued :exec
+-- The dead letters that dead_requeue moved back (by id).
 DELETE FROM {p}dead WHERE id IN %(ids)s;
 
 -- name: dead_purge :exec
@@ -256,6 +295,14 @@ DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
 -- takes the ids with id mod n = k.
 SELECT * FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s AND MOD(id, %(n)s) = %(k)s
 ORDER BY priority DESC, id;
+
+-- name: lease_archive :exec
+-- Run on rows already locked (lease_lock): they cannot change between this copy and the delete.
+INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
+                     created_at, first_available_at, received_at, done_at, lease)
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       first_available_at, received_at, UTC_TIMESTAMP(6), lease
+FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
 -- name: lease_ack :exec
 DELETE FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;

@@ -194,22 +194,13 @@ class PostgresBackend(SqlBackend):
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs]}
 
-    def _param(self, name: str) -> str:
-        return f"%({name})s"
-
-    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
-        """`payload -> key` takes the key as a bound value, never as a path string."""
-        params[f"f_field{i}"] = field
-        params[f"f_value{i}"] = json.dumps(value)
-        return f"payload -> %(f_field{i})s = %(f_value{i})s::jsonb"
-
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:
         with self.pool.connection() as conn:
             with self.map_errors():
                 tx = conn.transaction()
                 tx.__enter__()
-                conn.execute(self.Q.transaction_idle_limit, {"ms": self.transaction_idle_ms})
+                conn.execute(self.Q.idle_transaction_limit, {"ms": self.transaction_idle_ms})
             try:
                 yield conn
             except BaseException as exc:
@@ -325,16 +316,17 @@ class PostgresBackend(SqlBackend):
 
     # --- receiving ------------------------------------------------------------------------
 
-    def _claim_params(self, query: str, spec: ClaimSpec) -> tuple[str, Params]:
-        sql, params = self._filtered(query, spec.where)
+    def _claim_params(self, plain: str, filtered: str, spec: ClaimSpec) -> tuple[str, Params]:
+        sql, params = self._receive(plain, filtered, spec.where)
         params.update(topic=spec.topic, max=spec.max, max_attempts=spec.max_attempts,
                       lease=spec.lease, vt=float(spec.visibility_timeout_s), charge=spec.charge,
                       charge_last=spec.charge_last)
         return sql, params
 
     def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
-        query = self.Q.message_claim_ids if spec.ids_only else self.Q.message_claim
-        sql, params = self._claim_params(query, spec)
+        # A filtered claim has no ids-only twin: it returns whole rows, of which the ids are kept.
+        plain = self.Q.message_claim_ids if spec.ids_only else self.Q.message_claim
+        sql, params = self._claim_params(plain, self.Q.message_claim_where, spec)
         raw = self.run(lambda cur: self._all(cur, sql, params), conn)
         buried = int(raw[0]["buried"]) if raw else 0
         leased = [r for r in raw if r["id"] is not None]
@@ -343,7 +335,7 @@ class PostgresBackend(SqlBackend):
         return ClaimResult([self._row(r) for r in leased], buried)
 
     def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
-        sql, params = self._claim_params(self.Q.message_take, spec)
+        sql, params = self._claim_params(self.Q.message_take, self.Q.message_take_where, spec)
         raw = self.run(lambda cur: self._all(cur, sql, params))
         rows = sorted((self._row(r) for r in raw),
                       key=lambda r: (-r["priority"], r["available_at"], r["id"]))

@@ -25,7 +25,7 @@ SELECT version FROM {schema}.migration ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
 
--- name: transaction_idle_limit :exec
+-- name: idle_transaction_limit :exec
 -- An exactly-once transaction whose worker hangs or is cut off would hold its row locks (and
 -- hide its messages from SKIP LOCKED) until the server noticed; this bounds that wait.
 SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true);
@@ -124,7 +124,63 @@ JOIN unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
 WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
     WHERE topic = %(topic)s AND available_at <= statement_timestamp()
-      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open')) /*filter*/
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(max)s
+    FOR UPDATE SKIP LOCKED
+), spent AS (
+    DELETE FROM {schema}.message m USING due
+    WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+    RETURNING m.*
+), buried AS (
+    INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
+                               attempts, created_at, first_available_at, received_at, error,
+                               dead_at)
+    SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
+           created_at, first_available_at, received_at,
+           COALESCE(last_error, 'received ' || attempts || ' times without an ack'),
+           statement_timestamp()
+    FROM spent
+    RETURNING 1
+), ranked AS (
+    -- A NULL charge charges every leased message; n charges the first n in delivery order
+    -- (a worker charges its prefetched messages later, when their handlers start), except a
+    -- last allowed attempt beyond the first charge_last (ClaimSpec.charges).
+    SELECT id, priority, available_at,
+           CASE WHEN %(charge)s::bigint IS NULL THEN true
+                ELSE rn <= COALESCE(%(charge_last)s::bigint, %(charge)s::bigint)
+                     OR (rn <= %(charge)s::bigint AND attempts + 1 < %(max_attempts)s) END AS charged
+    FROM (SELECT *, row_number() OVER (ORDER BY priority DESC, available_at, id) AS rn
+          FROM due WHERE attempts < %(max_attempts)s) d
+), leased AS (
+    UPDATE {schema}.message m
+    SET lease = COALESCE(%(lease)s::text, gen_random_uuid()::text),
+        attempts = m.attempts + ranked.charged::int,
+        received_at = statement_timestamp(),
+        available_at = statement_timestamp() + make_interval(secs => %(vt)s)
+    FROM ranked
+    WHERE m.id = ranked.id
+    RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
+              ranked.charged
+)
+SELECT l.*, b.buried
+FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
+ORDER BY l.due_priority DESC, l.due_at, l.id;
+
+-- name: message_claim_where :many
+-- message_claim with the receive filter (a separate statement, so the unfiltered claim
+-- carries no filter predicates). The ids-only claim uses it too when filtered.
+WITH due AS (
+    SELECT id, attempts, priority, available_at FROM {schema}.message
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp()
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+      -- The receive filter, all bound: kind and key (NULL: any), and the payload fields as
+      -- one JSON object, each compared as jsonb (1 = 1.0; "1" <> 1; a missing field, a
+      -- non-object or bytes payload has no field and matches none).
+      AND (%(f_kind)s::text IS NULL OR kind = %(f_kind)s)
+      AND (%(f_key)s::text IS NULL OR key = %(f_key)s)
+      AND NOT EXISTS (SELECT 1 FROM jsonb_each(%(f_fields)s::jsonb) f
+                      WHERE payload -> f.key IS DISTINCT FROM f.value)
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -176,7 +232,7 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
     WHERE topic = %(topic)s AND available_at <= statement_timestamp()
-      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open')) /*filter*/
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -223,7 +279,26 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 WITH due AS (
     SELECT id FROM {schema}.message
     WHERE topic = %(topic)s AND available_at <= statement_timestamp()
-      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open')) /*filter*/
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(max)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.message m USING due WHERE m.id = due.id RETURNING m.*;
+
+-- name: message_take_where :many
+-- message_take with the receive filter.
+WITH due AS (
+    SELECT id FROM {schema}.message
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp()
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+      -- The receive filter, all bound: kind and key (NULL: any), and the payload fields as
+      -- one JSON object, each compared as jsonb (1 = 1.0; "1" <> 1; a missing field, a
+      -- non-object or bytes payload has no field and matches none).
+      AND (%(f_kind)s::text IS NULL OR kind = %(f_kind)s)
+      AND (%(f_key)s::text IS NULL OR key = %(f_key)s)
+      AND NOT EXISTS (SELECT 1 FROM jsonb_each(%(f_fields)s::jsonb) f
+                      WHERE payload -> f.key IS DISTINCT FROM f.value)
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED

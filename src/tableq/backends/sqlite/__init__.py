@@ -139,23 +139,6 @@ class SQLiteBackend(SqlBackend):
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"refs": json.dumps([[i, lease] for i, lease in refs])}
 
-    def _param(self, name: str) -> str:
-        return f":{name}"
-
-    def _field_clause(self, i: int, field: str, value: Any, params: Params) -> str:
-        """One JSON field compared by type and value; the path is bound (the field name
-        passed a narrow grammar)."""
-        path, p = f"f_path{i}", f"f_val{i}"
-        params[path] = f'$."{field}"'
-        if value is None or isinstance(value, bool):
-            params[p] = "null" if value is None else ("true" if value else "false")
-            return f"json_type(payload, :{path}) = :{p}"
-        params[p] = value
-        if isinstance(value, str):
-            return f"(json_type(payload, :{path}) = 'text' AND payload ->> :{path} = :{p})"
-        return (f"(json_type(payload, :{path}) IN ('integer', 'real') "
-                f"AND payload ->> :{path} = :{p})")
-
     # --- migrations -----------------------------------------------------------------------
 
     def _locked(self, fn: Callable[[Cursor], T]) -> T:
@@ -186,7 +169,7 @@ class SQLiteBackend(SqlBackend):
         if on_duplicate == "ignore":
             return found["id"], "duplicate"
         if on_duplicate == "replace":
-            self._exec(cur, self.Q.message_replace, {**params, "id": found["id"]})
+            self._exec(cur, self.Q.message_insert_replace, params)
             return found["id"], "replaced"
         raise duplicate_from(found, m)
 
@@ -212,8 +195,8 @@ class SQLiteBackend(SqlBackend):
             for part in chunks(refs, REFS_PER_STATEMENT):
                 p = self._refs(part)
                 if retain:
-                    self._exec(c, self.Q.message_archive_refs, p)
-                done.update(r["id"] for r in self._all(c, self.Q.message_ack_refs, p))
+                    self._exec(c, self.Q.message_archive, p)
+                done.update(r["id"] for r in self._all(c, self.Q.message_ack, p))
             return done
         return self.run(run, conn)
 
@@ -221,7 +204,7 @@ class SQLiteBackend(SqlBackend):
         def run(c: Cursor) -> bool:
             params = {"id": msg_id, "lease": lease, "error": error}
             self._exec(c, self.Q.message_bury, params)
-            return self._one(c, self.Q.message_delete_leased, params) is not None
+            return self._one(c, self.Q.message_ack_one, params) is not None
         return self.run(run, conn)
 
     # --- dead letters -----------------------------------------------------------------------

@@ -72,19 +72,44 @@ FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t;
 -- name: message_find_key :one
 SELECT id FROM {p}message WHERE topic = :topic AND key = :key;
 
--- name: message_replace :exec
+-- name: message_insert_replace :exec
 -- Replacing resets the delivery: a worker holding the old lease gets LeaseLost on ack.
-UPDATE {p}message
-SET kind = :kind, payload = :payload, payload_bytes = :payload_bytes, headers = :headers,
-    priority = :priority, attempts = 0, lease = NULL, last_error = NULL, progress = NULL,
-    received_at = NULL,
-    available_at = COALESCE(:at, (julianday('now') - 2440587.5) * 86400.0 + :delay_s),
-    first_available_at = COALESCE(:at, (julianday('now') - 2440587.5) * 86400.0 + :delay_s)
-WHERE id = :id;
+-- (WHERE true: SQLite's parser needs it before ON CONFLICT after a SELECT.)
+INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+SELECT :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority, t.now,
+       COALESCE(:at, t.now + :delay_s), COALESCE(:at, t.now + :delay_s)
+FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+WHERE true
+ON CONFLICT (topic, key) DO UPDATE SET
+    kind = excluded.kind, payload = excluded.payload, payload_bytes = excluded.payload_bytes,
+    headers = excluded.headers, priority = excluded.priority, attempts = 0, lease = NULL,
+    last_error = NULL, progress = NULL, received_at = NULL,
+    available_at = excluded.available_at, first_available_at = excluded.first_available_at;
 
 -- name: message_due :many
 SELECT id, attempts FROM {p}message
-WHERE topic = :topic AND available_at <= (julianday('now') - 2440587.5) * 86400.0 /*filter*/
+WHERE topic = :topic AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+ORDER BY priority DESC, available_at, id
+LIMIT :max;
+
+-- name: message_due_where :many
+-- message_due with the receive filter, all bound: kind and key (NULL: any), and the payload
+-- fields as one JSON object, each compared by JSON type and value (1 = 1.0; "1" <> 1; true
+-- <> 1; a missing field, a non-object or bytes payload has no field and matches none). Field
+-- names passed a narrow grammar (letters, digits, _ and -), so each quoted path is exact.
+SELECT id, attempts FROM {p}message
+WHERE topic = :topic AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+  AND (:f_kind IS NULL OR kind = :f_kind)
+  AND (:f_key IS NULL OR key = :f_key)
+  AND NOT EXISTS (
+      SELECT 1 FROM (SELECT '$."' || key || '"' AS path, type, value FROM json_each(:f_fields)) f
+      WHERE NOT COALESCE(CASE
+          WHEN f.type IN ('null', 'true', 'false') THEN json_type(payload, f.path) = f.type
+          WHEN f.type = 'text' THEN json_type(payload, f.path) = 'text'
+               AND payload ->> f.path = f.value
+          ELSE json_type(payload, f.path) IN ('integer', 'real') AND payload ->> f.path = f.value
+      END, 0))
 ORDER BY priority DESC, available_at, id
 LIMIT :max;
 
@@ -114,7 +139,7 @@ FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids));
 -- name: message_delete_ids :exec
 DELETE FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids));
 
--- name: message_archive_refs :exec
+-- name: message_archive :exec
 -- refs is a JSON array of [id, lease] pairs.
 INSERT INTO {p}done (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
@@ -123,7 +148,8 @@ SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts
 FROM {p}message
 WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs));
 
--- name: message_ack_refs :many
+-- name: message_ack :many
+-- Fenced on (id, lease): a stale lease matches nothing and changes nothing.
 DELETE FROM {p}message
 WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs))
 RETURNING id;
@@ -175,7 +201,7 @@ SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts
        first_available_at, received_at, :error, (julianday('now') - 2440587.5) * 86400.0
 FROM {p}message WHERE id = :id AND lease = :lease;
 
--- name: message_delete_leased :one
+-- name: message_ack_one :one
 DELETE FROM {p}message WHERE id = :id AND lease = :lease RETURNING id;
 
 -- name: message_peek :many
@@ -221,6 +247,7 @@ WHERE d.topic = :topic AND (:ids IS NULL OR d.id IN (SELECT value FROM json_each
 ORDER BY d.id;
 
 -- name: dead_delete_requeued :exec
+-- The dead letters that dead_requeue moved back (now live under the same id).
 DELETE FROM {p}dead
 WHERE topic = :topic AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
   AND id IN (SELECT id FROM {p}message);
