@@ -215,13 +215,13 @@ def test_claim_filter_binds_kind_key_and_json_fields(backend: Backend) -> None:
 def test_claim_filter_compares_json_fields_by_type_and_value(backend: Backend) -> None:
     """The receive filter's exact semantics on every dialect: a field matches by JSON type
     and value (1 == 1.0; "1" != 1; true != 1; null only when present as null); a missing
-    field, a non-object payload and a bytes payload match no field; quotes, unicode and
-    case are compared exactly; several fields must all match."""
+    field, a non-object payload and a bytes payload match no field; quotes, unicode,
+    case and trailing spaces are compared exactly; several fields must all match."""
     payloads: list[object] = [
         {"v": 1, "t": "int"}, {"v": 1.0, "t": "float"}, {"v": "1", "t": "str1"},
         {"v": True, "t": "true"}, {"v": False, "t": "false"}, {"v": None, "t": "null"},
         {"t": "missing"}, {"v": "a'\"; --ü🎉", "t": "quotes"}, {"v": "A", "t": "upper"},
-        {"v": "a", "t": "lower"}, {"v": [1], "t": "list"},
+        {"v": "a", "t": "lower"}, {"v": "a ", "t": "trailing"}, {"v": [1], "t": "list"},
         {"v": {"x": 1}, "t": "obj"}, {"v": 0, "t": "zero"}, {"v": 2.5, "u": 7, "t": "two"},
         [1, 2], "v", 7,
     ]
@@ -244,6 +244,7 @@ def test_claim_filter_compares_json_fields_by_type_and_value(backend: Backend) -
     assert pick(("v", "a'\"; --ü🎉")) == ["quotes"]
     assert pick(("v", "a")) == ["lower"]
     assert pick(("v", "A")) == ["upper"]
+    assert pick(("v", "a ")) == ["trailing"]  # no padding: "a" and "a " differ
     assert pick(("v", 2.5), ("u", 7)) == ["two"]
     assert pick(("v", 2.5), ("u", 8)) == []
     assert pick(("w", None)) == []

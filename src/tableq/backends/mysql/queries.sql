@@ -126,7 +126,9 @@ WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6)
       WHERE NOT COALESCE(CASE f.type
           WHEN 'NULL' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'NULL'
           WHEN 'STRING' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'STRING'
-               AND JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) = f.text
+               -- as bytes: JSON_UNQUOTE's collation pads, so "a" would equal "a "
+               AND CAST(JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) AS BINARY)
+                   = CAST(f.text AS BINARY)
           WHEN 'BOOLEAN' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path)) = 'BOOLEAN'
                AND JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) = f.text
           WHEN 'INTEGER' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path))
