@@ -47,6 +47,8 @@ DIALECT_ONLY = {
         # (unnest) and RETURNING
         "message_claim", "message_claim_ids", "message_claim_where", "message_take_where",
         "message_ack_retain", "message_find_keys", "lease_ack_retain",
+        # a single send over scalars: the batch statements take arrays
+        "message_insert_one", "message_insert_one_ignore", "message_insert_one_replace",
         # savepoints keep a caller's transaction usable after a refused duplicate
         "savepoint_set", "savepoint_release", "savepoint_rollback",
         # COPY bulk loads under load parts, async commit, NOTIFY wake-ups

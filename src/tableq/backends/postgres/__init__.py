@@ -40,6 +40,12 @@ MIN_VERSION = 130000  # gen_random_uuid() is built in from 13 on
 CLOCK = ("statement_timestamp()", "(SELECT clock FROM {schema}.test_clock)")
 
 
+def _scalars(m: NewMessage) -> dict[str, Any]:
+    return {"topic": m.topic, "key": m.key, "kind": m.kind, "payload": m.json_text,
+            "data": m.data, "headers": m.headers_json, "priority": m.priority, "at": m.at,
+            "delay_s": float(m.delay_s)}
+
+
 def _arrays(rows: Sequence[NewMessage]) -> dict[str, list[Any]]:
     return {
         "topics": [m.topic for m in rows],
@@ -246,6 +252,9 @@ class PostgresBackend(SqlBackend):
                conn: Any = None) -> list[tuple[int, str]]:
         query = {"ignore": self.Q.message_insert_ignore, "replace": self.Q.message_insert_replace,
                  "error": self.Q.message_insert}[on_duplicate]
+        one = {"ignore": self.Q.message_insert_one_ignore,
+               "replace": self.Q.message_insert_one_replace,
+               "error": self.Q.message_insert_one}[on_duplicate]
 
         def run(cur: psycopg.Cursor[Any]) -> list[tuple[int, str]]:
             results: dict[int, tuple[int, str]] = {}
@@ -254,7 +263,8 @@ class PostgresBackend(SqlBackend):
                 batch = [rows[i] for i in pending]
                 try:
                     with self.map_errors(), self._savepoint(cur, conn, on_duplicate):
-                        got = cur.execute(query, _arrays(batch)).fetchall()
+                        got = (cur.execute(one, _scalars(batch[0])) if len(batch) == 1 else
+                               cur.execute(query, _arrays(batch))).fetchall()
                 except UniqueViolation:
                     raise self._duplicate(cur, batch) from None
                 keyed = {r["key"]: r for r in got if r["key"] is not None}
