@@ -17,6 +17,7 @@ import tableq
 from benchmarks import sys_raw
 from benchmarks.common import FILL_BATCH, Target, payload
 from benchmarks.sys_tableq import TOPIC, connect, fill
+from tableq.bulk import Bulk
 
 CTX = mp.get_context("fork")
 SEGMENT = 20_000  # messages per fill+drain segment of the churn loops
@@ -213,7 +214,7 @@ def open_load(t: Target, p: dict[str, Any]) -> dict[str, Any]:
     q = connect(t, migrate=True)
     job = "bench-load-" + uuid.uuid4().hex[:8]
     for i in range(0, rows, 10_000):
-        q.stage_many(job, 0, "loaded", [payload(j) for j in range(i, min(rows, i + 10_000))])
+        Bulk(q).stage_many(job, 0, "loaded", [payload(j) for j in range(i, min(rows, i + 10_000))])
     for topic in ("loaded", "plain"):
         q.send_many(topic, [payload(i) for i in range(calls + 5)])
 
@@ -227,7 +228,7 @@ def open_load(t: Target, p: dict[str, Any]) -> dict[str, Any]:
         return statistics.median(times)
 
     plain_ms, loaded_ms = timed("plain"), timed("loaded")
-    q.discard_staged(job)
+    Bulk(q).discard_staged(job)
     q.close()
     return {"plain_ms": plain_ms, "loaded_ms": loaded_ms, "ratio": loaded_ms / plain_ms}
 

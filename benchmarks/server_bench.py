@@ -35,6 +35,7 @@ import tableq  # noqa: E402
 from tableq.client import Client  # noqa: E402
 from tableq.server import auth  # noqa: E402
 from tableq.server.serve import free_port  # noqa: E402
+from tableq.server.store import Store  # noqa: E402
 
 CONCURRENCY = (1, 8)
 
@@ -96,7 +97,7 @@ def one_round(dialect: str, n: int, results: dict[str, list[float]],
     with tempfile.TemporaryDirectory() as tmp, fresh_url(dialect, Path(tmp)) as url:
         q = tableq.connect(url, migrate=True, strict_kinds=False)
         issued = auth.issue("admin", ["*"], sqs=True)
-        q.save_token(issued.record)
+        Store(q).save_token(issued.record)
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
         server = subprocess.Popen([sys.executable, "-m", "tableq.cli", "--url", url, "serve",

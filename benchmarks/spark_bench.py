@@ -22,6 +22,7 @@ from typing import Any
 
 import tableq
 import tableq.url
+from tableq.bulk import Bulk
 from tableq.spark.session import get_session
 
 JAR = "/usr/share/java/postgresql.jar"
@@ -186,7 +187,7 @@ def measure(base_url: str, *, rows: int, stream_rows: int, max_rows: int = 50_00
             # A JDBC batch read of the same rows (id-partitioned, into a noop sink).
             schema = tableq.url.parse_url(tq_url).namespace
             jdbc, user, password = _jdbc_url(args.url)
-            lo, hi = q.history_bounds("live", "stream-a") or (0, 0)
+            lo, hi = Bulk(q).history_bounds("live", "stream-a") or (0, 0)
             t = time.perf_counter()
             (spark.read.format("jdbc").option("url", jdbc)
              .option("driver", "org.postgresql.Driver").option("user", user)

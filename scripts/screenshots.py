@@ -16,6 +16,7 @@ from pathlib import Path
 import tableq
 from tableq.server import auth, create_app
 from tableq.server.serve import background
+from tableq.server.store import Store
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -51,7 +52,7 @@ def main(out: str) -> None:
         q = tableq.connect(f"sqlite:///{tmp}/demo.db", migrate=True, strict_kinds=False,
                            retention=True)
         issued = auth.issue("admin", ["*"], name="ops")
-        q.save_token(issued.record)
+        Store(q).save_token(issued.record)
         app = create_app(q, sample_interval_s=0.25, dashboard_refresh_s=60)
         with background(app) as url, sync_playwright() as p:
             traffic(q, 24)
@@ -72,7 +73,7 @@ def main(out: str) -> None:
                 from tableq.spark.session import get_session
 
                 spark = get_session("local[2]", app_name="tableq-screenshots")
-                report(spark, q.backend.url.raw if hasattr(q.backend.url, "raw")
+                report(spark, q._backend.url.raw if hasattr(q._backend.url, "raw")
                        else f"sqlite:///{tmp}/demo.db", html_path=f"{tmp}/report.html")
                 spark.stop()
                 page.goto(f"file://{tmp}/report.html")

@@ -9,6 +9,7 @@ from dbhelpers import driver_connection
 
 import tableq
 from tableq import DuplicateMessage, InvalidArgument, LeaseLost, PayloadTooLarge, UnknownKind
+from tableq.bulk import Bulk
 from tableq.testing import wait_until
 
 
@@ -438,7 +439,7 @@ def test_bad_arguments_are_clear_errors(q: tableq.Queue) -> None:
 
 
 def test_hostile_names_round_trip_byte_identical(q: tableq.Queue) -> None:
-    q.kinds.strict = False
+    q._kinds.strict = False
     names = ["'; DROP TABLE tableq_message; --", '"', "\\", "%", "_", "$.a", "..", "*",
              "emoji 🎉", "ünï", "a" * 200]
     for i, name in enumerate(names):
@@ -471,78 +472,90 @@ def test_stats_peek_topics_purge(q: tableq.Queue) -> None:
     assert abs((q.now() - datetime.now(UTC)).total_seconds()) < 5
 
 
+def test_public_queue_holds_user_operations_only(q: tableq.Queue) -> None:
+    plumbing = {"stage_many", "publish_staged", "discard_staged", "cleanup_staged",
+                "staged_job_state", "receive_batch", "lease_batch", "leased_messages",
+                "ack_lease", "extend_lease", "history_bounds", "history", "delete_history",
+                "save_token", "find_token", "list_tokens", "revoke_token", "idempotent",
+                "expire_idempotency", "backend", "kinds"}
+    assert not plumbing & {n for n in dir(q) if not n.startswith("_")}
+    assert all(hasattr(Bulk, n) for n in ("stage_many", "lease_batch", "delete_history"))
+    assert q.where in repr(q) and "tableq.Queue" in repr(q)
+    assert "tableq.bulk" not in {type(v).__module__ for v in vars(tableq).values()}
+
+
 def test_retention_archives_acked_messages(db_url: str) -> None:
     with tableq.connect(db_url, migrate=True, retention=True) as q:
         q.send_many("ret", [1, 2])
         q.ack_many(q.receive("ret", max=2))
         assert q.stats("ret")[0].done == 2
-        lo, hi = q.history_bounds("done", "ret")
-        rows = q.history("done", "ret", lo, hi)
+        lo, hi = Bulk(q).history_bounds("done", "ret")
+        rows = Bulk(q).history("done", "ret", lo, hi)
         assert [r["payload"] for r in rows] == [1, 2] and rows[0]["done_at"] is not None
-        assert q.delete_history("done", [lo]) == 1
+        assert Bulk(q).delete_history("done", [lo]) == 1
 
 
 def test_staged_load_is_invisible_until_published_and_idempotent(q: tableq.Queue) -> None:
-    q.stage_many("job-1", 0, "bulk", [{"payload": i, "key": f"k{i}"} for i in range(5)])
-    q.stage_many("job-1", 1, "bulk", range(100, 103))  # a failed task attempt
-    q.stage_many("job-1", 2, "bulk", [{"payload": 9, "key": "k0"}, "x"])
-    assert q.stats("bulk")[0].live == 0 and q.staged_job_state("job-1") == "open"
-    assert q.publish_staged("job-1", [0, 2]) == 6  # k0 repeated: kept once
-    assert q.publish_staged("job-1", [0, 2]) is None  # a rerun of the commit is a no-op
-    assert q.staged_job_state("job-1") == "committed"
+    Bulk(q).stage_many("job-1", 0, "bulk", [{"payload": i, "key": f"k{i}"} for i in range(5)])
+    Bulk(q).stage_many("job-1", 1, "bulk", range(100, 103))  # a failed task attempt
+    Bulk(q).stage_many("job-1", 2, "bulk", [{"payload": 9, "key": "k0"}, "x"])
+    assert q.stats("bulk")[0].live == 0 and Bulk(q).staged_job_state("job-1") == "open"
+    assert Bulk(q).publish_staged("job-1", [0, 2]) == 6  # k0 repeated: kept once
+    assert Bulk(q).publish_staged("job-1", [0, 2]) is None  # a rerun of the commit is a no-op
+    assert Bulk(q).staged_job_state("job-1") == "committed"
     assert sorted(str(m.payload) for m in q.peek("bulk", limit=50)) == sorted(
         ["0", "1", "2", "3", "4", "x"])
-    q.stage_many("job-4", 0, "bulk", [1, 2])
+    Bulk(q).stage_many("job-4", 0, "bulk", [1, 2])
     with pytest.raises(tableq.LoadIncomplete):  # rows the writers reported are gone
-        q.publish_staged("job-4", [0], expected_rows=3)
-    assert q.publish_staged("job-4", [0], expected_rows=2) == 2
-    q.stage_many("job-2", 0, "bulk", [1, 2])
-    assert q.discard_staged("job-2") == 2 and q.staged_job_state("job-2") == "aborted"
-    q.stage_many("job-3", 0, "bulk", [1])
-    assert q.cleanup_staged(older_than=0) == 1
+        Bulk(q).publish_staged("job-4", [0], expected_rows=3)
+    assert Bulk(q).publish_staged("job-4", [0], expected_rows=2) == 2
+    Bulk(q).stage_many("job-2", 0, "bulk", [1, 2])
+    assert Bulk(q).discard_staged("job-2") == 2 and Bulk(q).staged_job_state("job-2") == "aborted"
+    Bulk(q).stage_many("job-3", 0, "bulk", [1])
+    assert Bulk(q).cleanup_staged(older_than=0) == 1
     assert q.stats("bulk")[0].live == 8
 
 
 def test_staged_rows_are_hidden_from_every_reader_until_published(q: tableq.Queue) -> None:
     q.send("vis", "before")
-    q.stage_many("job-v", 7, "vis", [1, 2, {"payload": 3, "delay": 60},
+    Bulk(q).stage_many("job-v", 7, "vis", [1, 2, {"payload": 3, "delay": 60},
                                      {"payload": 4, "priority": 5}])
-    q.stage_many("job-v", 9, "only-staged", ["hidden"])
+    Bulk(q).stage_many("job-v", 9, "only-staged", ["hidden"])
     assert "only-staged" not in q.topics()
     (stats,) = q.stats("vis")
     assert (stats.ready, stats.scheduled, stats.live) == (1, 0, 1)
     assert [m.payload for m in q.peek("vis", limit=10)] == ["before"]
-    lo, hi = q.history_bounds("live", "vis")  # type: ignore[misc]
-    assert [r["payload"] for r in q.history("live", "vis", lo, hi + 100)] == ["before"]
+    lo, hi = Bulk(q).history_bounds("live", "vis")  # type: ignore[misc]
+    assert [r["payload"] for r in Bulk(q).history("live", "vis", lo, hi + 100)] == ["before"]
     got = q.receive("vis", max=10)
     assert [m.payload for m in got] == ["before"]
     q.ack(got[0])
     q.send("vis", "purged")
     assert q.purge("vis") == 1  # purge takes only what readers see
-    assert q.publish_staged("job-v", [7, 9], expected_rows=5) == 5
+    assert Bulk(q).publish_staged("job-v", [7, 9], expected_rows=5) == 5
     (stats,) = q.stats("vis")
     assert (stats.ready, stats.scheduled) == (3, 1)
     assert [m.payload for m in q.peek("vis", limit=10)][:1] == [4]  # priority still counts
     assert q.peek("only-staged")[0].payload == "hidden"
     # A task of the finished job arriving late (or replayed) writes nothing.
-    assert q.stage_many("job-v", 8, "vis", [99]) == 0
-    assert q.publish_staged("job-v", [8]) is None and q.stats("vis")[0].live == 4
+    assert Bulk(q).stage_many("job-v", 8, "vis", [99]) == 0
+    assert Bulk(q).publish_staged("job-v", [8]) is None and q.stats("vis")[0].live == 4
     # A job id reused after an abort starts afresh.
-    q.stage_many("job-r", 0, "vis", [5])
-    assert q.discard_staged("job-r") == 1 and q.stats("vis")[0].live == 4
-    assert q.stage_many("job-r", 0, "vis", [6]) == 1
-    assert q.publish_staged("job-r", [0], expected_rows=1) == 1
+    Bulk(q).stage_many("job-r", 0, "vis", [5])
+    assert Bulk(q).discard_staged("job-r") == 1 and q.stats("vis")[0].live == 4
+    assert Bulk(q).stage_many("job-r", 0, "vis", [6]) == 1
+    assert Bulk(q).publish_staged("job-r", [0], expected_rows=1) == 1
     assert sorted(m.payload for m in q.peek("vis", limit=10)) == [1, 2, 3, 4, 6]
 
 
 def test_staged_load_round_trips_awkward_values(q: tableq.Queue) -> None:
-    q.kinds.register("odd\\kind")
+    q._kinds.register("odd\\kind")
     items = [b"\x00\t\n\\\r\xff", "tab\tnl\ncr\rbs\\ quote\" \u2028 é",
              {"payload": {"k\\": ["\\N", None]}, "headers": {"h\\": "v\\\n"},
               "kind": "odd\\kind", "priority": -7},
              {"payload": 1, "delay": 0.0}, {"payload": 2, "at": datetime.now(UTC)}]
-    assert q.stage_many("job-odd", 0, "odd\\topic", items) == 5
-    assert q.publish_staged("job-odd", [0]) == 5
+    assert Bulk(q).stage_many("job-odd", 0, "odd\\topic", items) == 5
+    assert Bulk(q).publish_staged("job-odd", [0]) == 5
     got = {repr(m.payload): m for m in q.peek("odd\\topic", limit=10)}
     assert set(got) == {repr(b"\x00\t\n\\\r\xff"), repr(items[1]), repr({"k\\": ["\\N", None]}),
                         "1", "2"}
@@ -554,46 +567,46 @@ def test_live_snapshot_by_id_range(q: tableq.Queue) -> None:
     ids = [r.id for r in q.send_many("snap", range(10))]
     q.send("other", "x")
     q.receive("snap", max=2)
-    lo, hi = q.history_bounds("live", "snap")
+    lo, hi = Bulk(q).history_bounds("live", "snap")
     assert (lo, hi) == (ids[0], ids[-1])
-    rows = q.history("live", "snap", ids[2], ids[5])
+    rows = Bulk(q).history("live", "snap", ids[2], ids[5])
     assert [r["payload"] for r in rows] == [2, 3, 4, 5]
-    everything = q.history("live", "snap", lo, hi)
+    everything = Bulk(q).history("live", "snap", lo, hi)
     assert len(everything) == 10 and all(r["lease"] is None for r in everything)
     with pytest.raises(InvalidArgument):
-        q.delete_history("live", ids)
+        Bulk(q).delete_history("live", ids)
 
 
 def test_group_lease_batch(q: tableq.Queue) -> None:
     q.send_many("g", range(5))
-    got = q.receive_batch("g", "epoch-1:1", max=3, visibility_timeout=60)
+    got = Bulk(q).receive_batch("g", "epoch-1:1", max=3, visibility_timeout=60)
     assert [m.payload for m in got] == [0, 1, 2]
-    assert [m.payload for m in q.leased_messages("g", "epoch-1:1")] == [0, 1, 2]
-    assert q.extend_lease("g", "epoch-1:1", 120) == 3
-    assert q.ack_lease("g", "epoch-1:1") == 3
-    assert q.ack_lease("g", "epoch-1:1") == 0
+    assert [m.payload for m in Bulk(q).leased_messages("g", "epoch-1:1")] == [0, 1, 2]
+    assert Bulk(q).extend_lease("g", "epoch-1:1", 120) == 3
+    assert Bulk(q).ack_lease("g", "epoch-1:1") == 3
+    assert Bulk(q).ack_lease("g", "epoch-1:1") == 0
     assert q.stats("g")[0].ready == 2
     # By id range, and split between readers (id mod n = k).
-    got = q.receive_batch("g", "epoch-1:2", max=10, visibility_timeout=60)
+    got = Bulk(q).receive_batch("g", "epoch-1:2", max=10, visibility_timeout=60)
     ids = (min(m.id for m in got), max(m.id for m in got))
-    halves = [q.leased_messages("g", "epoch-1:2", ids=ids, share=(k, 2)) for k in (0, 1)]
+    halves = [Bulk(q).leased_messages("g", "epoch-1:2", ids=ids, share=(k, 2)) for k in (0, 1)]
     assert sorted(m.id for h in halves for m in h) == sorted(m.id for m in got)
     assert all(m.id % 2 == k for k, h in enumerate(halves) for m in h)
-    assert q.leased_messages("g", "epoch-1:2", ids=(ids[1] + 1, ids[1] + 9)) == []
-    assert q.extend_lease("g", "epoch-1:2", 120, ids=ids) == 2
-    assert q.ack_lease("g", "epoch-1:2", ids=(ids[0], ids[0])) == 1
-    assert q.ack_lease("g", "epoch-1:2") == 1
+    assert Bulk(q).leased_messages("g", "epoch-1:2", ids=(ids[1] + 1, ids[1] + 9)) == []
+    assert Bulk(q).extend_lease("g", "epoch-1:2", 120, ids=ids) == 2
+    assert Bulk(q).ack_lease("g", "epoch-1:2", ids=(ids[0], ids[0])) == 1
+    assert Bulk(q).ack_lease("g", "epoch-1:2") == 1
     # Leasing by ids only: the same lease, nothing fetched; spent messages are buried.
     q.send_many("g2", range(4))
     spent = q.receive("g2", max=1)[0]
     q.nack(spent, delay=0)
-    ids = q.lease_batch("g2", "epoch-2:1", max=10, visibility_timeout=60, max_attempts=1)
+    ids = Bulk(q).lease_batch("g2", "epoch-2:1", max=10, visibility_timeout=60, max_attempts=1)
     assert len(ids) == 3 and spent.id not in ids
-    assert sorted(m.id for m in q.leased_messages("g2", "epoch-2:1")) == sorted(ids)
+    assert sorted(m.id for m in Bulk(q).leased_messages("g2", "epoch-2:1")) == sorted(ids)
     assert [d.id for d in q.dead_letters("g2")] == [spent.id]
     for bad in [{"share": (2, 2)}, {"share": (0, 0)}, {"ids": (5, 1)}]:
         with pytest.raises(InvalidArgument):
-            q.leased_messages("g", "epoch-1:2", **bad)  # type: ignore[arg-type]
+            Bulk(q).leased_messages("g", "epoch-1:2", **bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
@@ -679,12 +692,12 @@ def test_pool_reuses_connections_with_high_descriptor_numbers(db_url: str, tmp_p
     try:
         with tableq.connect(db_url, migrate=True) as q:
             q.stats()
-            (conn,) = q.backend.pool._idle
+            (conn,) = q._backend.pool._idle
             fd = conn.fileno() if q.dialect == "postgres" else conn._sock.fileno()
             assert fd >= 1024, fd  # past select()'s limit, on both databases
             for _ in range(5):
                 q.stats()
-            assert q.backend.pool._idle == [conn]  # the same connection, reused
+            assert q._backend.pool._idle == [conn]  # the same connection, reused
     finally:
         for f in files:
             f.close()
@@ -712,8 +725,8 @@ def test_postgres_transaction_aborted_by_a_caught_error_does_not_pretend_to_comm
 def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:
     texts = ['{\n\t"a": [1, 2],\r\n "b\\\\": "x"}', " 7 ", '"s"', "null"]
     q.send_many("jt", [tableq.JsonText(t) for t in texts])
-    q.stage_many("job-jt", 0, "jt-staged", [tableq.JsonText(t) for t in texts])
-    q.publish_staged("job-jt", [0])
+    Bulk(q).stage_many("job-jt", 0, "jt-staged", [tableq.JsonText(t) for t in texts])
+    Bulk(q).publish_staged("job-jt", [0])
     want = [{"a": [1, 2], "b\\": "x"}, 7, "s", None]
     assert [m.payload for m in q.receive("jt", max=10)] == want
     assert [m.payload for m in q.receive("jt-staged", max=10)] == want
@@ -721,5 +734,5 @@ def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Q
         with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
             q.send("jt", tableq.JsonText(bad))
         with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
-            q.stage_many("job-jt2", 0, "jt", [1, tableq.JsonText(bad)])
+            Bulk(q).stage_many("job-jt2", 0, "jt", [1, tableq.JsonText(bad)])
     assert q.stats("jt")[0].live == 4  # the refused sends added nothing

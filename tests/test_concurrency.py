@@ -174,8 +174,8 @@ def test_concurrent_migrations_apply_each_version_once(db_url: str) -> None:
     with tableq.connect(db_url) as q:
         # Each version once, none skipped (versions need not be contiguous: a backend ships
         # only the migrations it needs).
-        assert applied == sorted(q.backend.known_migrations())
-        assert q.migrate() == [] and q.backend.schema_version() == applied[-1]
+        assert applied == sorted(q._backend.known_migrations())
+        assert q.migrate() == [] and q._backend.schema_version() == applied[-1]
         q.send("after", 1)
         assert q.receive("after")[0].payload == 1
 
@@ -185,13 +185,13 @@ def _kill_sessions(q: tableq.Queue) -> None:
     an operator's kill would."""
     from dbhelpers import driver_connection
 
-    admin = driver_connection(q.backend.url.raw)
+    admin = driver_connection(q._backend.url.raw)
     cur = admin.cursor()
     if q.dialect == "postgres":
         # Only this test's sessions: the server is shared with other tests (and engineers).
         cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE application_name = %s AND pid <> pg_backend_pid()",
-                    (q.backend.connect_kwargs["application_name"],))
+                    (q._backend.connect_kwargs["application_name"],))
     else:
         cur.execute("SELECT id FROM information_schema.processlist "
                     "WHERE db = DATABASE() AND id <> CONNECTION_ID()")
@@ -210,7 +210,7 @@ def test_connections_killed_by_the_server_are_replaced_not_surfaced(db_url: str)
         _kill_sessions(q)
         from tableq.testing import wait_until
 
-        wait_until(lambda: all(q.backend.pool._stale(c) for c in q.backend.pool._idle),
+        wait_until(lambda: all(q._backend.pool._stale(c) for c in q._backend.pool._idle),
                    timeout=5)
         assert q.send("k", 2).status == "sent"  # no DatabaseUnavailable reaches the caller
         assert [m.payload for m in q.receive("k", max=5)] == [1, 2]

@@ -217,9 +217,9 @@ def test_sqlite_synchronous_normal_is_flagged(tmp_path: Path) -> None:
 def test_pending_migrations_are_risky_and_doctor_changes_nothing(db_url: str) -> None:
     q = tableq.connect(db_url)
     try:
-        known = sorted(q.backend.known_migrations())
+        known = sorted(q._backend.known_migrations())
         if q.dialect == "postgres":  # migrate all but the last version
-            q.backend._migrations = q.backend._migrations[:-1]
+            q._backend._migrations = q._backend._migrations[:-1]
             q.migrate()
         before = _tables(db_url, q)
         code, findings, err = doctor(db_url)
@@ -254,7 +254,7 @@ def _tables(url: str, q: tableq.Queue) -> set[str]:
                         "WHERE table_schema = DATABASE()")
         else:
             cur.execute("SELECT table_name FROM information_schema.tables "
-                        "WHERE table_schema = %s", (q.backend.schema,))
+                        "WHERE table_schema = %s", (q._backend.schema,))
         return {r[0] for r in cur.fetchall()}
     finally:
         conn.close()

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 import tableq
+from tableq.bulk import Bulk
 from tableq.url import parse_url
 
 HUGE = 10**400  # float(HUGE) overflows
@@ -33,20 +34,20 @@ def test_huge_numbers_are_invalid_argument_not_overflow(q: tableq.Queue) -> None
         "heartbeat extend": lambda: q.heartbeat(m, extend=HUGE),
         "heartbeat_many extend": lambda: q.heartbeat_many([m], extend=-HUGE),
         "nack delay": lambda: q.nack(m, delay=HUGE),
-        "extend_lease": lambda: q.extend_lease("big", "job", HUGE),
-        "cleanup_staged": lambda: q.cleanup_staged(HUGE),
+        "extend_lease": lambda: Bulk(q).extend_lease("big", "job", HUGE),
+        "cleanup_staged": lambda: Bulk(q).cleanup_staged(HUGE),
         "get id": lambda: q.get(2**63),
         "get id (enormous)": lambda: q.get(ENORMOUS),
         "requeue_dead ids": lambda: q.requeue_dead("big", [2**70]),
         "purge_dead ids": lambda: q.purge_dead("big", [2**64]),
-        "delete_history ids": lambda: q.delete_history("dead", [2**64]),
-        "history hi": lambda: q.history("live", "big", 1, 2**70),
-        "history lo": lambda: q.history("live", "big", -(2**70), 1),
-        "leased_messages ids": lambda: q.leased_messages("big", "job", ids=(1, 2**70)),
-        "leased_messages share": lambda: q.leased_messages("big", "job", share=(0, 2**70)),
-        "ack_lease ids": lambda: q.ack_lease("big", "job", ids=(-(2**64), 1)),
-        "stage_many part": lambda: q.stage_many("job", 2**64, "big", [1]),
-        "publish_staged parts": lambda: q.publish_staged("job", [2**64]),
+        "delete_history ids": lambda: Bulk(q).delete_history("dead", [2**64]),
+        "history hi": lambda: Bulk(q).history("live", "big", 1, 2**70),
+        "history lo": lambda: Bulk(q).history("live", "big", -(2**70), 1),
+        "leased_messages ids": lambda: Bulk(q).leased_messages("big", "job", ids=(1, 2**70)),
+        "leased_messages share": lambda: Bulk(q).leased_messages("big", "job", share=(0, 2**70)),
+        "ack_lease ids": lambda: Bulk(q).ack_lease("big", "job", ids=(-(2**64), 1)),
+        "stage_many part": lambda: Bulk(q).stage_many("job", 2**64, "big", [1]),
+        "publish_staged parts": lambda: Bulk(q).publish_staged("job", [2**64]),
         "receive max_attempts": lambda: q.receive("big", max_attempts=2**40),
         "configure_topic max_attempts": lambda: q.configure_topic("big", max_attempts=HUGE),
         "ack of a forged id": lambda: q.ack(dataclasses.replace(m, id=2**70)),
@@ -62,7 +63,7 @@ def test_huge_numbers_are_invalid_argument_not_overflow(q: tableq.Queue) -> None
     _unchanged(q, "big", 1)
     q.ack(m)  # the real lease still works after all that
     with pytest.raises(tableq.InvalidArgument):
-        tableq.connect(q.backend.url.raw, max_attempts=2**40)
+        tableq.connect(q._backend.url.raw, max_attempts=2**40)
     for bad in ({"base": HUGE}, {"max": ENORMOUS}, {"factor": float("inf")}):
         with pytest.raises(tableq.InvalidArgument):
             tableq.Backoff(**bad)
@@ -71,7 +72,7 @@ def test_huge_numbers_are_invalid_argument_not_overflow(q: tableq.Queue) -> None
 def test_ids_at_the_64_bit_edges_are_accepted(q: tableq.Queue) -> None:
     assert q.get(2**63 - 1) is None
     assert q.requeue_dead("edge", [2**63 - 1]) == 0
-    assert q.history("live", "edge", -(2**63), 2**63 - 1) == []
+    assert Bulk(q).history("live", "edge", -(2**63), 2**63 - 1) == []
 
 
 def test_error_texts_with_nul_and_lone_surrogates_are_stored_escaped(q: tableq.Queue) -> None:
@@ -141,7 +142,7 @@ def test_json_text_a_database_would_treat_differently_is_refused(q: tableq.Queue
     with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
         q.send_many("jt", [1, tableq.JsonText(text)])
     with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
-        q.stage_many("job-jt", 0, "jt", [tableq.JsonText(text)])
+        Bulk(q).stage_many("job-jt", 0, "jt", [tableq.JsonText(text)])
     assert q.stats("jt")[0].live == 0
 
 
@@ -160,8 +161,8 @@ def test_a_literal_backslash_before_u0000_round_trips(q: tableq.Queue) -> None:
     for p in payloads:
         q.send("bs", p)
     q.send_many("bs-many", payloads)
-    q.stage_many("job-bs", 0, "bs-staged", payloads)
-    q.publish_staged("job-bs", [0])
+    Bulk(q).stage_many("job-bs", 0, "bs-staged", payloads)
+    Bulk(q).publish_staged("job-bs", [0])
     q.send("bs-text", tableq.JsonText('{"a": "\\\\u0000"}'))
     for topic in ("bs", "bs-many", "bs-staged"):
         assert [m.payload for m in q.receive(topic, max=10)] == payloads, topic
@@ -195,7 +196,7 @@ def test_register_kind_refuses_what_it_cannot_use() -> None:
             q.register_kind("k", decode="json.loads")
         with pytest.raises(tableq.InvalidArgument, match="not both"):
             q.register_kind("k", encode=str, model=dict)
-        assert q.kinds.names() == []
+        assert q._kinds.names() == []
 
 
 @pytest.mark.parametrize("db_url", ["mysql"], indirect=True)
@@ -207,9 +208,9 @@ def test_mysql_migration_lock_timeout_is_a_database_timeout(db_url: str) -> None
     try:
         cur = holder.cursor()
         cur.execute("SELECT GET_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %s), 0)",
-                    (q.backend.prefix,))
+                    (q._backend.prefix,))
         assert cur.fetchone()[0] == 1
-        q.backend.migration_lock_wait_s = 1  # the default is 60 s
+        q._backend.migration_lock_wait_s = 1  # the default is 60 s
         with pytest.raises(tableq.DatabaseTimeout, match="migration lock") as err:
             q.migrate()
         assert "IS_USED_LOCK" in str(err.value)
@@ -217,7 +218,7 @@ def test_mysql_migration_lock_timeout_is_a_database_timeout(db_url: str) -> None
         holder.close()
         q.close()
     with tableq.connect(db_url, migrate=True) as again:  # the holder is gone: it works
-        assert again.backend.schema_version() >= 1
+        assert again._backend.schema_version() >= 1
 
 
 @pytest.mark.parametrize("db_url", ["mysql"], indirect=True)

@@ -65,7 +65,7 @@ def test_register_kind_refuses_a_class_that_is_not_a_model(q: tableq.Queue) -> N
         q.register_kind(dict)
     with pytest.raises(InvalidArgument, match="takes the model alone"):
         q.register_kind(Email, model=Email)
-    assert q.kinds.names() == []
+    assert q._kinds.names() == []
 
 
 def test_forward_and_transaction_send_take_the_send_options(q: tableq.Queue) -> None:

@@ -101,7 +101,7 @@ def test_cli_errors_and_output_hide_the_password(tmp_path: Path) -> None:
             assert SECRET not in done.stdout + done.stderr
     finally:
         with tableq.connect(url) as q:
-            q.backend._run(lambda cur: cur.execute('DROP SCHEMA IF EXISTS "tq_secret_cli" '
+            q._backend._run(lambda cur: cur.execute('DROP SCHEMA IF EXISTS "tq_secret_cli" '
                                                    "CASCADE"))
 
 
@@ -150,7 +150,7 @@ def test_worker_processes_keep_the_password_off_their_command_lines(tmp_path: Pa
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         with tableq.connect(url) as q:
-            q.backend._run(lambda cur: cur.execute('DROP SCHEMA IF EXISTS "tq_secret_ps" '
+            q._backend._run(lambda cur: cur.execute('DROP SCHEMA IF EXISTS "tq_secret_ps" '
                                                    "CASCADE"))
     assert proc.returncode == 0
     text = log.read_text(errors="replace")

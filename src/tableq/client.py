@@ -13,7 +13,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
@@ -70,14 +70,6 @@ def _item(payload: Any, **options: Any) -> dict[str, Any]:
     return {**_payload(payload), **{k: v for k, v in options.items() if v is not None}}
 
 
-@dataclass(frozen=True, slots=True)
-class _Where:
-    """What App and logs read from a Queue's backend: where it points."""
-
-    where: str
-    dialect: str = "http"
-
-
 class Client:
     """A queue reached through `tableq serve` at `base_url` with an access token."""
 
@@ -96,11 +88,15 @@ class Client:
         self._local = threading.local()
         self.max_attempts = max_attempts
         self.visibility_timeout_s = float(visibility_timeout)
-        self.backend = _Where(self.base_url)
         self.dialect = "http"
 
     def __repr__(self) -> str:
         return f"<tableq.client.Client {self.base_url}>"
+
+    @property
+    def where(self) -> str:
+        """Where the client points (as Queue.where): the server's base URL."""
+        return self.base_url
 
     # --- transport ----------------------------------------------------------------------------
 

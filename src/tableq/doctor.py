@@ -408,10 +408,10 @@ def diagnose(queue: Queue, *, max_transaction_age: float = MAX_TRANSACTION_AGE_S
     """The findings for the database behind `queue`. Reads only: nothing is created, locked
     or changed. An unreachable database raises DatabaseUnavailable; a fact that cannot be
     read (a missing privilege) becomes a "warn" finding saying which grant is missing."""
-    from tableq.queue import seconds
+    from tableq.queue import backend_of, seconds
 
     limits = Limits(seconds("max_transaction_age", max_transaction_age, MAX_TRANSACTION_AGE_S),
                     seconds("max_clock_offset", max_clock_offset, MAX_CLOCK_OFFSET_S))
-    facts = queue.backend.health_facts()
+    facts = backend_of(queue).health_facts()
     return judge(queue.dialect, facts, read_clock(queue), limits,
-                 schema=getattr(queue.backend, "schema", "tableq"))
+                 schema=getattr(backend_of(queue), "schema", "tableq"))

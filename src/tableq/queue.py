@@ -6,17 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol, SupportsIndex, TypeVar, cast, get_args
+from typing import Any, Protocol, TypeVar, cast, get_args
 
 from tableq.backends.base import (
     Backend,
     ClaimSpec,
     Filter,
-    GroupLease,
     NewMessage,
     PayloadBatch,
     Row,
@@ -27,7 +25,6 @@ from tableq.errors import DuplicateMessage, InvalidArgument, LeaseLost, PayloadI
 from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult, SendStatus
 from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
 from tableq.stats import TopicStats
-from tableq.tokens import IdempotencyRecord, NewToken, TokenRecord
 from tableq.transaction import Transaction
 
 DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
@@ -112,46 +109,12 @@ def _is_item(value: object) -> bool:
     return t not in _BARE and isinstance(value, Mapping) and "payload" in value
 
 
-def _group(topic: str, lease: str, ids: tuple[int, int] | None,
-           share: tuple[int, int] = (0, 1)) -> GroupLease:
-    check_topic(topic)
-    k, n = share
-    if isinstance(n, bool) or not isinstance(n, int) or not isinstance(k, int) \
-            or not 1 <= n <= INT32_MAX or not 0 <= k < n:
-        raise InvalidArgument(f"share must be (k, n) with 0 <= k < n <= {INT32_MAX}, not "
-                              f"{shown(share)}")
-    if ids is None:
-        return GroupLease(topic, _job(lease), k=k, n=n)
-    lo, hi = ids
-    if not _is_id_bound(lo) or not _is_id_bound(hi) or lo > hi:
-        raise InvalidArgument(f"ids must be (lowest id, highest id), 64-bit whole numbers, "
-                              f"not {shown(ids)}")
-    return GroupLease(topic, _job(lease), lo, hi, k, n)
-
-
-def _is_id_bound(value: object) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and -ID_MAX - 1 <= value <= ID_MAX)
-
-
 def _positive_int(what: str, value: object, upper: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a whole number >= 1, not {shown(value)}")
     if upper is not None and value > upper:
         raise InvalidArgument(f"{what} must be at most {upper}, not {shown(value)}")
     return value
-
-
-def _part(value: object) -> int:
-    """A staged load's part number (a Spark task attempt id: a 64-bit column)."""
-    try:
-        number = operator.index(cast(SupportsIndex, value))  # int, or a NumPy integer
-    except TypeError:
-        number = -1
-    if isinstance(value, bool) or not 0 <= number <= ID_MAX:
-        raise InvalidArgument(f"a part number must be a whole number from 0 to 2**63-1, "
-                              f"not {shown(value)}")
-    return number
 
 
 def _priority(value: object) -> int:
@@ -162,7 +125,8 @@ def _priority(value: object) -> int:
     return value
 
 
-def _at(value: object) -> datetime | None:
+def check_at(value: object) -> datetime | None:
+    """A due time (at=, before=): timezone-aware, within a century, returned in UTC."""
     if value is None:
         return None
     if not isinstance(value, datetime) or value.tzinfo is None:
@@ -177,7 +141,10 @@ def _at(value: object) -> datetime | None:
 
 
 class Queue:
-    """A queue database. Thread-safe: share one Queue across threads of a process."""
+    """A queue database. Thread-safe: share one Queue across threads of a process.
+
+    Open one with `tableq.connect(url)`: the constructor takes a backend, which is internal
+    (connect picks and configures it), so it is for tableq's own use."""
 
     def __init__(
         self,
@@ -189,27 +156,33 @@ class Queue:
         retention: bool = False,
         strict_kinds: bool = True,
     ) -> None:
-        self.backend = backend
+        self._backend = backend
         self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
         self.max_attempts = _positive_int("max_attempts", max_attempts, INT32_MAX)
         self.visibility_timeout_s = seconds("visibility_timeout", visibility_timeout, 30.0)
         self.retention = bool(retention)
-        self.kinds = KindRegistry(strict=strict_kinds)
+        self._kinds = KindRegistry(strict=strict_kinds)
         self._topic_max_attempts: dict[str, int] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
     @property
     def dialect(self) -> str:
-        return self.backend.dialect
+        return self._backend.dialect
+
+    @property
+    def where(self) -> str:
+        """Where the queue is connected, for people to read: the database URL with its
+        password redacted."""
+        return self._backend.where
 
     def migrate(self) -> list[int]:
         """Creates or upgrades tableq's tables; safe to run from several processes at once.
         Returns the migration versions this call applied."""
-        return self.backend.migrate()
+        return self._backend.migrate()
 
     def close(self) -> None:
-        self.backend.close()
+        self._backend.close()
 
     def __enter__(self) -> Queue:
         return self
@@ -218,18 +191,18 @@ class Queue:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<tableq.Queue {self.backend.where}>"
+        return f"<tableq.Queue {self.where}>"
 
     def listener(self) -> Listener | None:
         """On PostgreSQL, a LISTEN/NOTIFY listener: `.wait(timeout_s)` blocks until new due
         messages arrive and returns their topics (`.wait_counts()` also gives how many);
         `.close()`. None on databases without notifications. A hint only: keep polling."""
-        listener: Listener | None = self.backend.listener()
+        listener: Listener | None = self._backend.listener()
         return listener
 
     def now(self) -> datetime:
         """The database clock, which every due time and lease is measured by."""
-        return self.backend.now()
+        return self._backend.now()
 
     # --- configuration ----------------------------------------------------------------------
 
@@ -243,7 +216,7 @@ class Queue:
         instances. `register_kind(Email)` (the model alone) names the kind after the class,
         "Email". Either way, `send(topic, Email(...))` without kind= sends it as this kind.
         Returns the kind's name."""
-        return self.kinds.register(kind, encode, decode, model=model)
+        return self._kinds.register(kind, encode, decode, model=model)
 
     def configure_topic(self, topic: str, *, max_attempts: int | None = None) -> None:
         check_topic(topic)
@@ -266,7 +239,7 @@ class Queue:
     def _new(self, topic: str, payload: Any, *, key: Any, kind: Any, headers: Any,
              priority: Any, delay: Any, at: Any) -> NewMessage:
         if kind is None:
-            kind = self.kinds.kind_of(payload)  # an instance of a registered model
+            kind = self._kinds.kind_of(payload)  # an instance of a registered model
         return self._with_payload(self._template(topic, key, kind, headers, priority, delay,
                                                  at), payload)
 
@@ -275,9 +248,9 @@ class Queue:
         """Everything of a message but its payload, validated."""
         kind = check_kind(kind)
         if kind is not None:
-            self.kinds.check_known(kind)
+            self._kinds.check_known(kind)
         hdrs = check_headers(headers)
-        when = _at(at)
+        when = check_at(at)
         if when is not None and delay is not None:
             raise InvalidArgument("pass either delay= or at=, not both")
         return NewMessage(
@@ -287,7 +260,7 @@ class Queue:
         )
 
     def _with_payload(self, t: NewMessage, payload: Any) -> NewMessage:
-        text, data = self.kinds.encode(t.kind, payload, self.max_payload_bytes)
+        text, data = self._kinds.encode(t.kind, payload, self.max_payload_bytes)
         return NewMessage(t.topic, t.key, t.kind, text, data, t.headers_json, t.priority,
                           t.delay_s, t.at)
 
@@ -298,9 +271,9 @@ class Queue:
         instances of a registered model (without kind=) the kind of their model."""
         items = list(items)
         if not any(map(_is_item, items)) and (kind is not None or not any(
-                map(self.kinds.kind_of, items))):
+                map(self._kinds.kind_of, items))):
             t = self._template(topic, None, kind, headers, priority, delay, at)
-            return PayloadBatch(t, self.kinds.encode_many(t.kind, items,
+            return PayloadBatch(t, self._kinds.encode_many(t.kind, items,
                                                           self.max_payload_bytes))
         template: NewMessage | None = None
         out = []
@@ -308,7 +281,7 @@ class Queue:
             if _is_item(item):
                 out.append(self._item(topic, item, kind, headers, priority, delay, at))
                 continue
-            if kind is None and self.kinds.kind_of(item) is not None:
+            if kind is None and self._kinds.kind_of(item) is not None:
                 out.append(self._new(topic, item, key=None, kind=None, headers=headers,
                                      priority=priority, delay=delay, at=at))
                 continue
@@ -322,7 +295,7 @@ class Queue:
             raise InvalidArgument(f"on_duplicate must be one of {ON_DUPLICATE}, "
                                   f"not {on_duplicate!r}")
         if connection is not None:
-            self.backend.check_connection(connection)
+            self._backend.check_connection(connection)
 
     def send(
         self,
@@ -344,7 +317,7 @@ class Queue:
         self._check_send(on_duplicate, connection)
         row = self._new(topic, payload, key=key, kind=kind, headers=headers,
                         priority=priority, delay=delay, at=at)
-        ((msg_id, status),) = self.backend.insert([row], on_duplicate, connection)
+        ((msg_id, status),) = self._backend.insert([row], on_duplicate, connection)
         return SendResult(msg_id, cast(SendStatus, status), row.key)
 
     def send_many(
@@ -369,7 +342,7 @@ class Queue:
         if not rows:
             return []
         unique, slots = dedupe_batch(rows, on_duplicate)
-        done = self.backend.insert(unique, on_duplicate, connection)
+        done = self._backend.insert(unique, on_duplicate, connection)
         out = []
         for row, (slot, repeat) in zip(rows, slots, strict=True):
             msg_id, status = done[slot]
@@ -432,12 +405,12 @@ class Queue:
         spec = self._spec(topic, max, visibility_timeout, where, max_attempts)
         if mode == "at_most_once":
             out = []
-            for row in self.backend.claim_delete(spec).rows:
+            for row in self._backend.claim_delete(spec).rows:
                 try:
                     out.append(self._message(
-                        {**row, "payload": self.kinds.decode(row.get("kind"), row["payload"])}))
+                        {**row, "payload": self._kinds.decode(row.get("kind"), row["payload"])}))
                 except PayloadInvalid as exc:  # already removed: keep it as a dead letter
-                    self.backend.bury_taken(row, f"undecodable payload: {exc}")
+                    self._backend.bury_taken(row, f"undecodable payload: {exc}")
             return out
         return self._claim(spec, None, None)
 
@@ -449,7 +422,7 @@ class Queue:
         charge, charge_last = spec.charge, spec.charge_last
         for _ in range(10):  # bounded: each pass buries or returns something
             want = spec.max - len(out)
-            result = self.backend.claim(
+            result = self._backend.claim(
                 ClaimSpec(spec.topic, want, spec.visibility_timeout_s, spec.max_attempts,
                           spec.where, spec.lease, charge=charge, charge_last=charge_last),
                 conn)
@@ -473,10 +446,10 @@ class Queue:
 
     def _decoded_or_none(self, row: Row, tx: Any, *, conn: Any = None) -> Message | None:
         try:
-            payload = self.kinds.decode(row.get("kind"), row["payload"])
+            payload = self._kinds.decode(row.get("kind"), row["payload"])
         except PayloadInvalid as exc:
             # A payload its kind rejects is poison: dead-letter it instead of redelivering.
-            self.backend.bury(row["id"], row["lease"], f"undecodable payload: {exc}", conn)
+            self._backend.bury(row["id"], row["lease"], f"undecodable payload: {exc}", conn)
             return None
         return self._message({**row, "payload": payload}, tx)
 
@@ -519,7 +492,7 @@ class Queue:
         refs = [self._leased(m, "charge") for m in msgs]
         if not refs:
             return []
-        done = self.backend.charge(refs, seconds("extend", extend, self.visibility_timeout_s))
+        done = self._backend.charge(refs, seconds("extend", extend, self.visibility_timeout_s))
         return [_replace(m, attempts=done[m.id][0], available_at=done[m.id][1])
                 for m in msgs if m.id in done]
 
@@ -538,7 +511,7 @@ class Queue:
         # A Message made by hand (dataclasses.replace) must not reach a driver with values it
         # cannot bind.
         _positive_int("message id", msg.id, ID_MAX)
-        return msg.id, _job(msg.lease)
+        return msg.id, check_token(msg.lease)
 
     def ack(self, msg: Message, *, connection: Any = None) -> None:
         """Removes the message (archives it with retention=True) if this delivery still holds
@@ -551,12 +524,12 @@ class Queue:
         refs = [self._leased(m, "ack") for m in msgs]
         if not refs:
             return
-        done = self.backend.ack(refs, self.retention, connection)
+        done = self._backend.ack(refs, self.retention, connection)
         lost = [m for m in msgs if m.id not in done]
         if lost and self.retention and connection is None:
             # An ack retried after its reply was lost finds its message archived under the
             # same lease: that is "already acked", not a lost lease.
-            archived = self.backend.done_match([(m.id, m.lease) for m in lost if m.lease])
+            archived = self._backend.done_match([(m.id, m.lease) for m in lost if m.lease])
             lost = [m for m in lost if m.id not in archived]
         if lost:
             raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
@@ -577,7 +550,7 @@ class Queue:
         msg_id, lease = self._leased(msg, action)
         if error is not None:
             error = error_text(error)
-        if not self.backend.release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
+        if not self._backend.release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
             raise LeaseLost(msg.topic, msg.id, action)
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
@@ -589,10 +562,10 @@ class Queue:
         extend_s = seconds("extend", extend, self.visibility_timeout_s)
         progress_json = None
         if progress is not None:
-            progress_json = self.kinds.encode(None, progress, self.max_payload_bytes).json_text
+            progress_json = self._kinds.encode(None, progress, self.max_payload_bytes).json_text
             if progress_json is None:
                 raise InvalidArgument("progress must be JSON-serialisable, not bytes")
-        until = self.backend.extend(msg_id, lease, extend_s, progress_json)
+        until = self._backend.extend(msg_id, lease, extend_s, progress_json)
         if until is None:
             raise LeaseLost(msg.topic, msg.id, "heartbeat")
         return _replace(msg, available_at=until,
@@ -606,14 +579,14 @@ class Queue:
         refs = [self._leased(m, "heartbeat") for m in msgs]
         if not refs:
             return []
-        until = self.backend.extend_many(refs, seconds("extend", extend,
+        until = self._backend.extend_many(refs, seconds("extend", extend,
                                                        self.visibility_timeout_s))
         return [_replace(m, available_at=until[m.id]) for m in msgs if m.id in until]
 
     def dead_letter(self, msg: Message, error: str, *, connection: Any = None) -> None:
         """Moves the message to the dead-letter store with `error`, if the lease still holds."""
         msg_id, lease = self._leased(msg, "dead-letter")
-        if not self.backend.bury(msg_id, lease, error_text(error), connection):
+        if not self._backend.bury(msg_id, lease, error_text(error), connection):
             raise LeaseLost(msg.topic, msg.id, "dead-letter")
 
     def forward(self, msg: Message, topic: str, payload: Any, *, key: str | None = None,
@@ -633,131 +606,29 @@ class Queue:
     def transaction(self) -> Iterator[Transaction]:
         """Exactly-once processing: receive, your own SQL on tx.connection, ack and send all
         commit together, or all roll back when the block raises (or the process dies)."""
-        with self.backend.transaction() as conn:
+        with self._backend.transaction() as conn:
             yield Transaction(self, conn)
-
-    # --- building blocks for bulk pipelines (the Spark source and sink) --------------------
-
-    def stage_many(self, job: str, part: int, topic: str, items: Iterable[Any], *,
-                   on_duplicate: OnDuplicate = "ignore") -> int:
-        """Stages messages invisibly under (job, part); nothing is delivered until
-        publish_staged(job, parts) makes the listed parts visible together."""
-        check_topic(topic)
-        self._check_send(on_duplicate, None)
-        batch = self._batch(topic, items, None, None, 0, None, None)
-        return self.backend.stage(_job(job), _part(part), batch) if len(batch) else 0
-
-    def publish_staged(self, job: str, parts: Sequence[int], *,
-                       on_duplicate: Literal["ignore", "replace"] = "ignore",
-                       expected_rows: int | None = None) -> int | None:
-        """In one transaction: makes the staged rows of `parts` visible, drops every other
-        staged row of the job, and marks the job committed. Returns the number published, or
-        None when the job was already committed (so a rerun is a no-op). `expected_rows`
-        (what the writers reported staging) guards against staged rows lost to a database
-        crash: fewer or more raise LoadIncomplete and nothing is published."""
-        if on_duplicate not in ("ignore", "replace"):
-            raise InvalidArgument("publish_staged takes on_duplicate='ignore' or 'replace'")
-        return self.backend.publish(_job(job), [_part(p) for p in parts], on_duplicate,
-                                    expected_rows)
-
-    def discard_staged(self, job: str) -> int:
-        """Drops every staged row of the job (an aborted load). Returns how many."""
-        return self.backend.discard(_job(job))
-
-    def cleanup_staged(self, older_than: float | timedelta = 3600.0) -> int:
-        """Drops staged rows of loads still open after `older_than` seconds (their driver
-        died between writing and committing). Returns how many rows."""
-        return self.backend.stage_cleanup(seconds("older_than", older_than, 3600.0))
-
-    def staged_job_state(self, job: str) -> str | None:
-        """'open', 'committed', 'aborted', or None for a job never seen."""
-        return self.backend.job_state(_job(job))
-
-    def receive_batch(self, topic: str, lease: str, *, max: int = 1000,
-                      visibility_timeout: float | timedelta | None = None,
-                      max_attempts: int | None = None) -> list[Message]:
-        """Leases up to `max` due messages under one caller-chosen lease token, so they can
-        be read again (leased_messages), extended and acked as a group."""
-        spec = self._spec(topic, max, visibility_timeout, None, max_attempts, _job(lease))
-        return self._claim(spec, None, None)
-
-    def lease_batch(self, topic: str, lease: str, *, max: int = 1000,
-                    visibility_timeout: float | timedelta | None = None,
-                    max_attempts: int | None = None) -> list[int]:
-        """receive_batch for a holder that reads the messages later (leased_messages): the
-        same lease, returning only the ids, about three times faster for large batches.
-        Payloads are not decoded here, so a kind's decoder sees them only when read."""
-        spec = self._spec(topic, max, visibility_timeout, None, max_attempts, _job(lease))
-        ids: list[int] = []
-        for _ in range(10):  # bounded: each pass leases or buries something
-            result = self.backend.claim(dataclasses.replace(spec, max=spec.max - len(ids),
-                                                            ids_only=True))
-            ids += [r["id"] for r in result.rows]
-            if len(ids) >= spec.max or result.buried == 0:
-                break
-        return ids
-
-    def leased_messages(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None,
-                        share: tuple[int, int] = (0, 1)) -> list[Message]:
-        """The messages held under a group lease. `ids` (lowest, highest id leased, e.g. from
-        receive_batch's result) makes it a primary-key range lookup instead of a scan of the
-        topic; share=(k, n) returns one of n readers' part: the ids with id mod n = k."""
-        return [self._message(r) for r in self.backend.lease_rows(_group(topic, lease, ids,
-                                                                         share))]
-
-    def ack_lease(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None) -> int:
-        """Acks every message still held under the group lease; returns how many."""
-        return self.backend.lease_ack(_group(topic, lease, ids), self.retention)
-
-    def extend_lease(self, topic: str, lease: str, extend: float | timedelta, *,
-                     ids: tuple[int, int] | None = None) -> int:
-        return self.backend.lease_extend(_group(topic, lease, ids),
-                                         seconds("extend", extend, self.visibility_timeout_s))
-
-    def history_bounds(self, source: str, topic: str | None = None) -> tuple[int, int] | None:
-        """(min id, max id) of the live messages (source='live'), the dead-letter store
-        ('dead') or the archive of acked messages ('done'), or None when empty."""
-        return self.backend.history_bounds(_source(source), _opt_topic(topic))
-
-    def history(self, source: str, topic: str | None, lo: int, hi: int, *,
-                before: datetime | None = None) -> list[Row]:
-        """Rows with lo <= id <= hi, as plain dicts: live messages ('live', created before
-        `before`; their lease is not returned), dead letters ('dead', dead_at before `before`)
-        or archived acked messages ('done', done_at before `before`). A snapshot read: nothing
-        is leased or changed."""
-        if not _is_id_bound(lo) or not _is_id_bound(hi):
-            raise InvalidArgument(f"lo and hi must be 64-bit whole numbers, not {shown(lo)} "
-                                  f"and {shown(hi)}")
-        rows = self.backend.history_rows(_source(source), _opt_topic(topic), lo, hi,
-                                         _at(before))
-        if source == "live":
-            for row in rows:
-                row["lease"] = None  # a reader must never be able to settle someone's delivery
-        return rows
-
-    def delete_history(self, source: str, ids: Sequence[int]) -> int:
-        return self.backend.history_delete(_source(source, ("dead", "done")), _ids(ids) or [])
 
     # --- looking and housekeeping -------------------------------------------------------------
 
     def peek(self, topic: str, limit: int = 10) -> list[Message]:
         """Live messages in delivery order, without leasing them."""
         check_topic(topic)
-        rows = self.backend.peek(topic, _positive_int("limit", limit, RECEIVE_MAX_LIMIT))
+        rows = self._backend.peek(topic, _positive_int("limit", limit, RECEIVE_MAX_LIMIT))
         return [self._message({**r, "lease": None}) for r in rows]
 
     def get(self, msg_id: int) -> Message | None:
         """A live message by id (without its lease), or None."""
-        row = self.backend.get(_positive_int("id", msg_id, ID_MAX))
+        row = self._backend.get(_positive_int("id", msg_id, ID_MAX))
         return self._message({**row, "lease": None}) if row else None
 
     def topics(self) -> list[str]:
-        return self.backend.topics()
+        return self._backend.topics()
 
     def stats(self, topic: str | None = None) -> list[TopicStats]:
         if topic is not None:
             check_topic(topic)
-        rows = self.backend.stats(topic)
+        rows = self._backend.stats(topic)
         if topic is not None and not rows:
             rows = [{"topic": topic, "ready": 0, "scheduled": 0, "in_flight": 0, "dead": 0,
                      "done": 0, "oldest_ready_age": None}]
@@ -765,78 +636,32 @@ class Queue:
 
     def purge(self, topic: str) -> int:
         """Deletes every live message of the topic (dead letters stay). Returns the count."""
-        return self.backend.purge(check_topic(topic))
+        return self._backend.purge(check_topic(topic))
 
     def dead_letters(self, topic: str, *, limit: int = 100) -> list[DeadLetter]:
         check_topic(topic)
-        rows = self.backend.dead_list(topic, _positive_int("limit", limit, 100_000))
+        rows = self._backend.dead_list(topic, _positive_int("limit", limit, 100_000))
         return [_dead(r) for r in rows]
 
     def requeue_dead(self, topic: str, ids: Sequence[int] | None = None) -> int:
         """Moves dead letters back to the queue as new messages (attempts reset, same id).
         One whose key is live again stays dead. Returns how many moved."""
-        return self.backend.dead_requeue(check_topic(topic), _ids(ids))
+        return self._backend.dead_requeue(check_topic(topic), check_ids(ids))
 
     def purge_dead(self, topic: str, ids: Sequence[int] | None = None) -> int:
-        return self.backend.dead_purge(check_topic(topic), _ids(ids))
+        return self._backend.dead_purge(check_topic(topic), check_ids(ids))
 
-    # --- schema and the HTTP server's stores (tokens, idempotency records) ------------------
+    # --- schema -------------------------------------------------------------------------------
 
     def pending_migrations(self) -> list[int]:
         """Migration versions this code ships that the database has not applied (empty when
         current). A read: takes no migration lock. SchemaNotMigrated when nothing is."""
-        return sorted(self.backend.known_migrations() - self.backend.applied_migrations())
+        return sorted(self._backend.known_migrations() - self._backend.applied_migrations())
 
-    def save_token(self, token: NewToken) -> None:
-        """Stores an access token of the HTTP server (its secret's hash, never the secret)."""
-        self.backend.token_insert(token)
-
-    def find_token(self, *, secret_sha256: str | None = None,
-                   access_key: str | None = None) -> TokenRecord | None:
-        """The stored token with this secret hash or SQS access key, or None. Revoked and
-        expired tokens are returned too: the caller decides (TokenRecord.active)."""
-        if (secret_sha256 is None) == (access_key is None):
-            raise InvalidArgument("find_token takes exactly one of secret_sha256= or access_key=")
-        return self.backend.token_find(secret_sha256=secret_sha256, access_key=access_key)
-
-    def list_tokens(self) -> list[TokenRecord]:
-        return self.backend.token_list()
-
-    def revoke_token(self, token_id: str) -> bool:
-        """Revokes the token at once (its next request is refused). False when no active
-        token has this id."""
-        return self.backend.token_revoke(token_id)
-
-    @contextmanager
-    def idempotent(self, scope: str, key: str, fingerprint: str) -> Iterator[Idempotent]:
-        """One transaction that records the outcome of a request made with an idempotency
-        key: inside it, `call.earlier` is the record a previous request with this key left
-        (then do nothing), or None, and then do the work on `call.tx` and `call.finish(status,
-        response)`. The work and its record commit together, so a retry either finds the
-        record or does the work itself; a concurrent retry waits for the first to end."""
-        with self.transaction() as tx:
-            earlier = self.backend.idempotency_claim(scope, key, fingerprint, tx.connection)
-            yield Idempotent(self, tx, scope, key, earlier)
-
-    def expire_idempotency(self, older_than: float | timedelta = 86400.0) -> int:
-        """Forgets idempotency records older than `older_than` seconds. Returns how many."""
-        return self.backend.idempotency_expire(seconds("older_than", older_than, 86400.0))
-
-
-class Idempotent:
-    """Handed out by Queue.idempotent(): the open transaction and what an earlier request
-    with the same key recorded, if any."""
-
-    def __init__(self, queue: Queue, tx: Transaction, scope: str, key: str,
-                 earlier: IdempotencyRecord | None) -> None:
-        self.tx, self.earlier = tx, earlier
-        self._queue, self._scope, self._key = queue, scope, key
-
-    def finish(self, status: int, response: str) -> None:
-        if self.earlier is not None:
-            raise InvalidArgument("this idempotency key was used before; return its record")
-        self._queue.backend.idempotency_finish(self._scope, self._key, status, response,
-                                               self.tx.connection)
+def backend_of(queue: Queue) -> Backend:
+    """Internal: the backend a Queue delegates to, for tableq's own layers (the bulk plumbing,
+    the HTTP server's store, the doctor and the test clock). Not part of the public API."""
+    return queue._backend
 
 
 def dedupe_batch(rows: Sequence[NewMessage], on_duplicate: OnDuplicate
@@ -866,7 +691,8 @@ def dedupe_batch(rows: Sequence[NewMessage], on_duplicate: OnDuplicate
     return unique, slots
 
 
-def _ids(ids: Sequence[int] | None) -> list[int] | None:
+def check_ids(ids: Sequence[int] | None) -> list[int] | None:
+    """A list of message ids (None stays None: "all")."""
     if ids is None:
         return None
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
@@ -874,21 +700,12 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
     return [_positive_int("id", i, ID_MAX) for i in ids]
 
 
-def _job(token: str) -> str:
+def check_token(token: str) -> str:
+    """A job or lease token: 1-200 printable characters."""
     if not isinstance(token, str) or not 1 <= len(token) <= 200 or not token.isprintable():
         raise InvalidArgument(f"a job or lease token must be 1-200 printable characters, "
                               f"not {token!r}")
     return token
-
-
-def _source(source: str, allowed: tuple[str, ...] = ("live", "dead", "done")) -> str:
-    if source not in allowed:
-        raise InvalidArgument(f"source must be one of {allowed}, not {source!r}")
-    return source
-
-
-def _opt_topic(topic: str | None) -> str | None:
-    return None if topic is None else check_topic(topic)
 
 
 def _dead(r: Row) -> DeadLetter:

@@ -32,6 +32,7 @@ def advance_clock(queue: Queue, seconds: float | timedelta) -> None:
     """Moves the database clock of a queue opened with `tableq.connect(url, test_clock=True,
     migrate=True)` forward by exactly `seconds`. Under a test clock the queue's time (every due
     time, lease and `queue.now()`) stands still until this moves it, on every backend."""
+    from tableq.queue import backend_of
     from tableq.queue import seconds as as_seconds
 
-    queue.backend.advance_clock(as_seconds("seconds", seconds, 0.0))
+    backend_of(queue).advance_clock(as_seconds("seconds", seconds, 0.0))

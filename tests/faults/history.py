@@ -25,6 +25,7 @@ from typing import Any
 from checker import Effect, SendOp
 
 import tableq.url
+from tableq.bulk import Bulk
 
 
 class History:
@@ -182,8 +183,8 @@ class EffectTable:
 
 def live_rows(q: Any, topic: str) -> list[dict[str, Any]]:
     """Every live message of a topic as a row dict (peek stops at 10,000), by id range."""
-    bounds = q.history_bounds("live", topic)
-    return [] if bounds is None else q.history("live", topic, *bounds)
+    bounds = Bulk(q).history_bounds("live", topic)
+    return [] if bounds is None else Bulk(q).history("live", topic, *bounds)
 
 
 def epoch(dt: Any) -> float | None:

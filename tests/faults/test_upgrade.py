@@ -88,7 +88,7 @@ def test_u1_upgrade_under_a_running_worker(db_url: str, tmp_path: Path) -> None:
         wait_until(lambda: len(table.read()) >= n_old // 3 or old_worker.poll() is not None,
                    timeout=120)
         assert old_worker.poll() is None, log.read_text()[-3000:]
-        behind = q.backend.schema_version() < _latest(db_url)
+        behind = q._backend.schema_version() < _latest(db_url)
         if behind:  # the current code on the old schema works, or says what to do
             try:
                 q.stats("work")
@@ -100,7 +100,7 @@ def test_u1_upgrade_under_a_running_worker(db_url: str, tmp_path: Path) -> None:
             assert stats_worked == (q.dialect != "postgres")
         done_before = len(table.read())
         applied = q.migrate()  # the current tableq, while the old worker works
-        version = q.backend.schema_version()
+        version = q._backend.schema_version()
         q.send_many("work", [{"v": f"new{i}"} for i in range(n_new)])
         new_worker = _worker(db_url, SRC, "new", log)
         values = {f"old{i}" for i in range(n_old)} | {f"new{i}" for i in range(n_new)}
@@ -112,7 +112,7 @@ def test_u1_upgrade_under_a_running_worker(db_url: str, tmp_path: Path) -> None:
             q.stats("work")[0]) == (0, len(held), 0), timeout=60)
         effects = table.read()
         ran_held = [e.value for e in effects if e.value.startswith("held")]
-        acked = q.backend.ack([(i, lease) for i, lease, _ in held], True)
+        acked = q._backend.ack([(i, lease) for i, lease, _ in held], True)
         after = {s.topic: (s.dead, s.done) for s in q.stats() if s.topic in kept}
         work = q.stats("work")[0]
     finally:

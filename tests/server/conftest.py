@@ -13,6 +13,7 @@ import pytest
 import tableq
 from tableq.server import auth, create_app
 from tableq.server.serve import background
+from tableq.server.store import Store
 
 
 @dataclass
@@ -24,14 +25,14 @@ class Server:
 
     def token(self, role: str, topics: list[str] | None = None, **options: Any) -> str:
         issued = auth.issue(role, topics or ["*"], **options)
-        self.queue.save_token(issued.record)
+        Store(self.queue).save_token(issued.record)
         self.tokens[issued.secret] = issued.record.id
         return issued.secret
 
     def issue(self, role: str, topics: list[str] | None = None,
               **options: Any) -> auth.IssuedToken:
         issued = auth.issue(role, topics or ["*"], **options)
-        self.queue.save_token(issued.record)
+        Store(self.queue).save_token(issued.record)
         return issued
 
     def client(self, token: str | None = None, **options: Any) -> httpx.Client:

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tableq.server.auth import ROLE_ACTIONS, secret_hash
+from tableq.server.store import Store
 from tableq.testing import wait_until
 from tests.server.conftest import Server
 
@@ -33,11 +34,11 @@ def _credentials(server: Server) -> dict[str, str | None]:
     for role in ROLES:
         creds[role] = server.token(role, ["a.*"])
     revoked = server.issue("admin", ["*"])
-    server.queue.revoke_token(revoked.record.id)
+    Store(server.queue).revoke_token(revoked.record.id)
     creds["revoked"] = revoked.secret
     creds["expired"] = server.token("admin", ["*"], expires_in_s=0.05)
     expired_hash = secret_hash(creds["expired"])
-    wait_until(lambda: server.queue.find_token(secret_sha256=expired_hash).expired,  # type: ignore[union-attr]
+    wait_until(lambda: Store(server.queue).find_token(secret_sha256=expired_hash).expired,  # type: ignore[union-attr]
                timeout=10)
     return creds
 

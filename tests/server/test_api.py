@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 import tableq
+from tableq.server.store import Store
 from tableq.testing import wait_until
 from tests.server.conftest import Server
 
@@ -312,7 +313,7 @@ def test_authentication(server: Server) -> None:
         assert r.status_code == 401 and "URL" in r.json()["error"]["message"]
     with server.client(admin_token) as c:
         assert c.get("/v1/stats").status_code == 200
-        server.queue.revoke_token(server.tokens[admin_token])
+        Store(server.queue).revoke_token(server.tokens[admin_token])
         r = c.get("/v1/stats")  # the very next request
         assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
     short = server.token("admin", expires_in_s=0.5)

@@ -18,6 +18,7 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
+from tableq.server.store import Store
 from tableq.testing import wait_until
 from tests.server.conftest import Server
 
@@ -154,7 +155,7 @@ def test_signatures_and_scopes(server: Server) -> None:
         with pytest.raises(botocore.exceptions.ClientError) as err:
             call()
         assert _code(err.value) == "AccessDenied"
-    server.queue.revoke_token(good.record.id)
+    Store(server.queue).revoke_token(good.record.id)
     with pytest.raises(botocore.exceptions.ClientError) as err:
         c.list_queues()
     assert _code(err.value) == "InvalidClientTokenId"

@@ -9,12 +9,13 @@ import pytest
 
 import tableq
 from tableq.server import auth
+from tableq.server.store import Store
 from tableq.testing import wait_until
 
 
 def test_migrations_are_current_after_migrate(q: tableq.Queue) -> None:
     assert q.pending_migrations() == []
-    assert 3 in q.backend.applied_migrations()
+    assert 3 in q._backend.applied_migrations()
 
 
 def test_pending_migrations_on_an_empty_database(db_url: str) -> None:
@@ -24,24 +25,24 @@ def test_pending_migrations_on_an_empty_database(db_url: str) -> None:
 
 def test_token_round_trip_hash_only(q: tableq.Queue) -> None:
     issued = auth.issue("consumer", ["orders.*", "emails"], name="svc", sqs=True)
-    q.save_token(issued.record)
-    found = q.find_token(secret_sha256=auth.secret_hash(issued.secret))
+    Store(q).save_token(issued.record)
+    found = Store(q).find_token(secret_sha256=auth.secret_hash(issued.secret))
     assert found is not None and found.active
     assert found.id == issued.record.id and found.role == "consumer"
     assert found.topics == ("orders.*", "emails") and found.name == "svc"
     assert auth.secret_matches(issued.secret, found)
     assert not auth.secret_matches(issued.secret + "x", found)
     # The secret itself is stored nowhere.
-    assert issued.secret not in repr(q.list_tokens())
-    by_key = q.find_token(access_key=issued.record.access_key)
+    assert issued.secret not in repr(Store(q).list_tokens())
+    by_key = Store(q).find_token(access_key=issued.record.access_key)
     assert by_key is not None and by_key.sqs_secret == issued.sqs_secret
-    assert q.find_token(secret_sha256=auth.secret_hash("tq_nope")) is None
+    assert Store(q).find_token(secret_sha256=auth.secret_hash("tq_nope")) is None
 
 
 def test_token_secrets_stay_out_of_reprs(q: tableq.Queue) -> None:
     issued = auth.issue("admin", ["*"], sqs=True)
-    q.save_token(issued.record)
-    found = q.find_token(secret_sha256=auth.secret_hash(issued.secret))
+    Store(q).save_token(issued.record)
+    found = Store(q).find_token(secret_sha256=auth.secret_hash(issued.secret))
     assert found is not None
     for shown in (repr(issued), repr(issued.record), repr(found)):
         assert issued.secret not in shown and str(issued.sqs_secret) not in shown
@@ -59,38 +60,38 @@ def test_token_expiry_is_bounded(expiry: float) -> None:
 def test_revoke_and_expiry(q: tableq.Queue) -> None:
     a = auth.issue("admin", ["*"])
     b = auth.issue("producer", ["x"], expires_in_s=0.2)
-    q.save_token(a.record)
-    q.save_token(b.record)
-    assert q.revoke_token(a.record.id) is True
-    assert q.revoke_token(a.record.id) is False
-    assert q.revoke_token("tqt_missing") is False
-    found = q.find_token(secret_sha256=a.record.secret_sha256)
+    Store(q).save_token(a.record)
+    Store(q).save_token(b.record)
+    assert Store(q).revoke_token(a.record.id) is True
+    assert Store(q).revoke_token(a.record.id) is False
+    assert Store(q).revoke_token("tqt_missing") is False
+    found = Store(q).find_token(secret_sha256=a.record.secret_sha256)
     assert found is not None and found.revoked_at is not None and not found.active
-    wait_until(lambda: q.find_token(secret_sha256=b.record.secret_sha256).expired,  # type: ignore[union-attr]
+    wait_until(lambda: Store(q).find_token(secret_sha256=b.record.secret_sha256).expired,  # type: ignore[union-attr]
                timeout=10)
-    assert {t.id for t in q.list_tokens()} == {a.record.id, b.record.id}
+    assert {t.id for t in Store(q).list_tokens()} == {a.record.id, b.record.id}
 
 
 def test_idempotent_send_commits_with_its_record(q: tableq.Queue) -> None:
-    with q.idempotent("tok", "k1", "fp") as call:
+    with Store(q).idempotent("tok", "k1", "fp") as call:
         assert call.earlier is None
         sent = call.tx.send("t", {"n": 1})
         call.finish(201, f'{{"id": {sent.id}}}')
-    with q.idempotent("tok", "k1", "fp") as call:
+    with Store(q).idempotent("tok", "k1", "fp") as call:
         assert call.earlier is not None
         assert (call.earlier.status, call.earlier.response) == (201, f'{{"id": {sent.id}}}')
     assert q.stats("t")[0].ready == 1
     # Another token's key is its own.
-    with q.idempotent("other", "k1", "fp") as call:
+    with Store(q).idempotent("other", "k1", "fp") as call:
         assert call.earlier is None
 
 
 def test_idempotent_rollback_forgets_the_key(q: tableq.Queue) -> None:
-    with pytest.raises(RuntimeError), q.idempotent("tok", "k2", "fp") as call:
+    with pytest.raises(RuntimeError), Store(q).idempotent("tok", "k2", "fp") as call:
         call.tx.send("t", {"n": 1})
         raise RuntimeError("the send failed after all")
     assert q.stats("t")[0].ready == 0
-    with q.idempotent("tok", "k2", "fp") as call:
+    with Store(q).idempotent("tok", "k2", "fp") as call:
         assert call.earlier is None
 
 
@@ -101,14 +102,14 @@ def test_concurrent_retry_waits_for_the_first(q: tableq.Queue) -> None:
     seen: list[object] = []
 
     def first() -> None:
-        with q.idempotent("tok", "k3", "fp") as call:
+        with Store(q).idempotent("tok", "k3", "fp") as call:
             call.tx.send("t", {"n": 1})
             call.finish(201, "first")
             inside.set()
             release.wait(10)
 
     def second() -> None:
-        with q.idempotent("tok", "k3", "fp") as call:
+        with Store(q).idempotent("tok", "k3", "fp") as call:
             seen.append(call.earlier)
 
     t1 = threading.Thread(target=first)
@@ -126,8 +127,8 @@ def test_concurrent_retry_waits_for_the_first(q: tableq.Queue) -> None:
 
 
 def test_expire_idempotency(q: tableq.Queue) -> None:
-    with q.idempotent("tok", "k4", "fp") as call:
+    with Store(q).idempotent("tok", "k4", "fp") as call:
         call.finish(200, "x")
-    assert q.expire_idempotency(3600) == 0
+    assert Store(q).expire_idempotency(3600) == 0
     # "Older than 0 s" needs the clock to move past the record's own instant.
-    assert wait_until(lambda: q.expire_idempotency(0), timeout=5) == 1
+    assert wait_until(lambda: Store(q).expire_idempotency(0), timeout=5) == 1

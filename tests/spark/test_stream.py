@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import tableq
+from tableq.bulk import Bulk
 from tableq.testing import wait_until
 
 from .conftest import HERE, child_env, kill_driver
@@ -166,7 +167,7 @@ def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: s
     publish_batch = _last_batch(ck, "commits") + 1 + later
     publish = f"exit-after-publish:{publish_batch}"
     _dies(_child(url, ck, log, fault=publish), log, publish)
-    assert q.staged_job_state(f"a-to-b:{publish_batch}") == "committed"
+    assert Bulk(q).staged_job_state(f"a-to-b:{publish_batch}") == "committed"
     # Spark never logged that batch's commit, so the restart replays it (publishing nothing
     # twice), even when it was the last batch and topic b already holds every row.
     assert _last_batch(ck, "commits") < publish_batch, "Spark logged the commit: no replay"

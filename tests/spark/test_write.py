@@ -11,6 +11,7 @@ from pyspark.errors import AnalysisException, PythonException
 from pyspark.sql import functions as F
 
 import tableq
+from tableq.bulk import Bulk
 from tableq.testing import wait_until
 
 
@@ -104,7 +105,7 @@ def test_task_retry_publishes_each_row_once(spark, any_url: str, tmp_path: Path)
     assert marker.exists(), "the injected failure never happened, so no retry was tested"
     got = sorted(m.payload["n"] for m in _all(q, "jobs"))
     assert got == list(range(1000))
-    assert q.staged_job_state("retry-job") == "committed"
+    assert Bulk(q).staged_job_state("retry-job") == "committed"
     q.close()
 
 
@@ -141,11 +142,11 @@ def test_every_attempt_failing_leaves_nothing(spark, url: str) -> None:
     assert not q.stats("jobs") or q.stats("jobs")[0].live == 0
     # The other partition's task may still be staging after Spark's abort: it reopens the
     # load (its rows stay invisible), and the janitor drops it once it is stale.
-    assert q.staged_job_state("doomed") in ("aborted", "open")
+    assert Bulk(q).staged_job_state("doomed") in ("aborted", "open")
 
     def janitor_left_nothing() -> bool:
-        q.cleanup_staged(older_than=0)
-        return q.staged_job_state("doomed") == "aborted"
+        Bulk(q).cleanup_staged(older_than=0)
+        return Bulk(q).staged_job_state("doomed") == "aborted"
 
     wait_until(janitor_left_nothing, timeout=30)
     assert not q.stats("jobs") or q.stats("jobs")[0].live == 0
@@ -158,7 +159,7 @@ def test_commit_failure_aborts(spark, any_url: str) -> None:
     with pytest.raises(AnalysisException, match="fault injected into commit"):
         _save(df, any_url, jobId="bad-commit", _fault="commit")
     assert q.stats("jobs")[0].ready == 0
-    assert q.staged_job_state("bad-commit") == "aborted"
+    assert Bulk(q).staged_job_state("bad-commit") == "aborted"
     # The same job id, run again without the fault, publishes once; a third run is a no-op.
     _save(df, any_url, jobId="bad-commit")
     _save(df, any_url, jobId="bad-commit")
@@ -168,11 +169,11 @@ def test_commit_failure_aborts(spark, any_url: str) -> None:
 
 def test_dead_driver_staging_is_cleaned_by_the_next_load(spark, url: str) -> None:
     q = tableq.connect(url, migrate=True)
-    q.stage_many("driver-died", 7, "jobs", [{"x": 1}, {"x": 2}])
-    assert q.staged_job_state("driver-died") == "open"
+    Bulk(q).stage_many("driver-died", 7, "jobs", [{"x": 1}, {"x": 2}])
+    assert Bulk(q).staged_job_state("driver-died") == "open"
     _save(spark.range(2).select(F.struct("id").alias("payload")), url, staleJobSeconds="0")
-    assert q.staged_job_state("driver-died") == "aborted"
-    assert q.publish_staged("driver-died", [7]) == 0  # its rows are gone
+    assert Bulk(q).staged_job_state("driver-died") == "aborted"
+    assert Bulk(q).publish_staged("driver-died", [7]) == 0  # its rows are gone
     assert q.stats("jobs")[0].ready == 2
     q.close()
 
@@ -244,15 +245,15 @@ def test_a_killed_driver_leaves_nothing_visible_and_the_janitor_cleans_up(
                                  stdout=out, stderr=subprocess.STDOUT, env=child_env(),
                                  start_new_session=True)
     try:
-        wait_until(lambda: q.staged_job_state("killed") == "open" or child.poll() is not None,
+        wait_until(lambda: Bulk(q).staged_job_state("killed") == "open" or child.poll() is not None,
                    timeout=120, interval=0.05)
         assert child.poll() is None, log.read_text()[-3000:]
     finally:
         kill_driver(child)
     assert q.stats("jobs")[0].ready == 0  # staged, never published
-    assert q.staged_job_state("killed") == "open"
+    assert Bulk(q).staged_job_state("killed") == "open"
     _save(spark.range(3).select(F.struct("id").alias("payload")), url, staleJobSeconds="0")
-    assert q.staged_job_state("killed") == "aborted"
+    assert Bulk(q).staged_job_state("killed") == "aborted"
     assert q.stats("jobs")[0].ready == 3
     q.close()
 

@@ -164,7 +164,7 @@ def test_outbox_rule_for_a_settlement_whose_earlier_try_may_have_committed(
     q.nack(taken)
     (retaken,) = q.receive("ob")  # someone else holds it now
     assert retaken.id == taken.id
-    with tableq.connect(q.backend.url.raw) as other:
+    with tableq.connect(q._backend.url.raw) as other:
         with other.transaction() as tx:  # an exactly-once commit whose reply was lost
             tx.ack(eo)
     verdicts: dict[int, str] = {}

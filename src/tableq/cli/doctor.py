@@ -65,7 +65,7 @@ def doctor(ctx: click.Context, max_transaction_age: float, max_clock_offset: flo
     q = ctx.obj.queue()
     findings = diagnose(q, max_transaction_age=max_transaction_age,
                         max_clock_offset=max_clock_offset)
-    where = q.backend.where
+    where = q.where
     if as_json:
         output.json_lines([{"database": where, "check": f.check, "level": f.level,
                             "summary": f.summary, "advice": f.advice, "facts": dict(f.facts)}

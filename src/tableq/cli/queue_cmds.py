@@ -27,7 +27,7 @@ def migrate() -> None:
     """Create or upgrade tableq's tables (safe to run again, and from several hosts)."""
     q = _ctx().queue()
     applied = q.migrate()
-    where = output.clean(q.backend.where)
+    where = output.clean(q.where)
     if applied:
         versions = ", ".join(map(str, applied))
         output.show(f"applied migrations {versions} to {where}")

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from tableq.cli import output, setup_logging
+from tableq.server.store import Store
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -57,7 +58,7 @@ def serve(ctx: click.Context, host: str, port: int, max_body_bytes: int, max_bat
     queue = tableq.connect(obj.url, migrate=migrate, strict_kinds=False)
     app = create_app(queue, max_body_bytes=max_body_bytes, max_batch=max_batch,
                      max_receive=max_receive, metrics_public=metrics_public)
-    click.echo(f"tableq serving {queue.backend.where} on http://{host}:{port} "
+    click.echo(f"tableq serving {queue.where} on http://{host}:{port} "
                "(Ctrl-C to stop)", err=True)
     try:
         foreground(app, host, port, log_level=log_level.lower())
@@ -90,7 +91,7 @@ def create(ctx: click.Context, role: str, topics: tuple[str, ...], name: str | N
 
     issued = issue(role, list(topics), name=name, sqs=sqs,
                    expires_in_s=parse_duration(expires) if expires else None)
-    ctx.obj.queue().save_token(issued.record)
+    Store(ctx.obj.queue()).save_token(issued.record)
     rec = issued.record
     if as_json:
         click.echo(json.dumps({"id": rec.id, "role": rec.role, "topics": list(rec.topics),
@@ -115,7 +116,7 @@ def create(ctx: click.Context, role: str, topics: tuple[str, ...], name: str | N
 @click.pass_context
 def revoke(ctx: click.Context, token_id: str) -> None:
     """Revoke a token by its id (tqt_...): its next request is refused."""
-    if not ctx.obj.queue().revoke_token(token_id):
+    if not Store(ctx.obj.queue()).revoke_token(token_id):
         raise click.ClickException(f"no active token {token_id!r}; see `tableq token list`")
     click.echo(f"revoked {token_id}")
 
@@ -126,7 +127,7 @@ def revoke(ctx: click.Context, token_id: str) -> None:
 def list_tokens(ctx: click.Context, as_json: bool) -> None:
     """Tokens with their role, scopes and state (never their secrets)."""
     rows: list[dict[str, Any]] = []
-    for t in ctx.obj.queue().list_tokens():
+    for t in Store(ctx.obj.queue()).list_tokens():
         state = "revoked" if t.revoked_at else "expired" if t.expired else "active"
         rows.append({"id": t.id, "role": t.role, "topics": list(t.topics), "name": t.name,
                      "sqs": t.access_key is not None, "state": state,

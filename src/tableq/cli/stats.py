@@ -75,11 +75,11 @@ def stats(topic: str | None, watch: bool, interval: float, as_json: bool) -> Non
                 "in_flight": s.in_flight, "dead": s.dead, "done": s.done,
                 "oldest_ready_age": s.oldest_ready_age} for s in rows])
         else:
-            output.show(table(rows, {}, 0.0, title=f"tableq stats — {q.backend.where}"))
+            output.show(table(rows, {}, 0.0, title=f"tableq stats — {q.where}"))
         return
     previous: dict[str, TopicStats] = {}
     last = time.monotonic()
-    title = f"tableq stats — {q.backend.where} — every {interval:g}s, Ctrl-C to quit"
+    title = f"tableq stats — {q.where} — every {interval:g}s, Ctrl-C to quit"
     try:
         # On a terminal, one table redrawn in place; piped, one table per sample.
         live = Live(console=output.stdout, auto_refresh=False) if output.stdout.is_terminal \

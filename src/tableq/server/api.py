@@ -74,7 +74,7 @@ def authenticate(st: ServerState, secret: str) -> Principal:
     every request, so a revoked token fails on its next request."""
     if not looks_like_secret(secret):
         raise AuthenticationFailed("the bearer token is not a tableq token")
-    record = st.queue.find_token(secret_sha256=secret_hash(secret))
+    record = st.store.find_token(secret_sha256=secret_hash(secret))
     if record is None or not secret_matches(secret, record):
         raise AuthenticationFailed("unknown token")
     if record.revoked_at is not None:
@@ -240,7 +240,7 @@ async def send(request: Request, topic: TopicPath, body: m.SendOne | m.SendBatch
                                      ).hexdigest()
 
         def idempotent() -> tuple[dict[str, Any], bool]:
-            with st.queue.idempotent(p.token_id, key, fingerprint) as call:
+            with st.store.idempotent(p.token_id, key, fingerprint) as call:
                 if call.earlier is not None:
                     if call.earlier.fingerprint != fingerprint:
                         # 409: the key is taken by another request's outcome (the draft's

@@ -28,6 +28,7 @@ from tableq.server.errors import ApiError
 from tableq.server.history import Sampler
 from tableq.server.metrics import Metrics
 from tableq.server.settings import ServerConfig
+from tableq.server.store import Store
 from tableq.server.waiting import Waiter
 
 log = logging.getLogger("tableq.server")
@@ -48,6 +49,7 @@ class ServerState:
 
     def __init__(self, queue: Queue, config: ServerConfig) -> None:
         self.queue, self.config = queue, config
+        self.store = Store(queue)
         self.metrics = Metrics(lambda: queue.stats())
         self.history = Sampler(queue, config)
         self.waiter: Waiter | None = None
@@ -163,7 +165,7 @@ def create_app(queue: Queue, *, config: ServerConfig | None = None,
         state.loop = asyncio.get_running_loop()
         state.waiter = Waiter(queue.listener if queue.dialect == "postgres" else None)
         state.history.start()
-        log.info("tableq.server.started database=%s notify=%s", queue.backend.where,
+        log.info("tableq.server.started database=%s notify=%s", queue.where,
                  queue.dialect == "postgres")
         try:
             yield

@@ -89,7 +89,7 @@ def _cookie(request: Request, response: Response, secret: str | None) -> None:
 
 
 def _base(p: Principal, secret: str, st: ServerState) -> dict[str, Any]:
-    return {"where": st.queue.backend.where, "who": p, "csrf": csrf_token(secret),
+    return {"where": st.queue.where, "who": p, "csrf": csrf_token(secret),
             "refresh_ms": int(st.config.dashboard_refresh_s * 1000)}
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tableq.errors import TableqError
+from tableq.server.store import Store
 from tableq.stats import TopicStats
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class Sampler:
             try:
                 self.take()
                 if time.monotonic() >= next_expiry:
-                    gone = self._queue.expire_idempotency(self._config.idempotency_ttl_s)
+                    gone = Store(self._queue).expire_idempotency(self._config.idempotency_ttl_s)
                     if gone:
                         log.info("tableq.server.idempotency_expired count=%d", gone)
                     next_expiry = time.monotonic() + EXPIRE_EVERY_S

@@ -258,7 +258,7 @@ def _authenticate(st: ServerState, request: Request, raw: bytes) -> Principal:
         cred = sigv4.parse_authorization(request.headers.get("authorization"))
     except sigv4.SignatureError as exc:
         raise SqsError(exc.code, str(exc)) from None
-    record = st.queue.find_token(access_key=cred.access_key)
+    record = st.store.find_token(access_key=cred.access_key)
     if record is None or record.sqs_secret is None:
         raise SqsError("InvalidClientTokenId", "The security token included in the request is "
                        "invalid: no tableq token has this access key id")

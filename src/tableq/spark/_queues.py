@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 
+from tableq.bulk import Bulk
 from tableq.connect import connect
 from tableq.queue import Queue
 
@@ -24,9 +25,12 @@ def queue_for(url: str, *, retention: bool = False) -> Queue:
         return q
 
 
-def ensure_kinds(q: Queue, kinds: set[str]) -> None:
+def bulk_for(url: str, *, retention: bool = False) -> Bulk:
+    """The bulk plumbing (tableq.bulk) on queue_for(url)."""
+    return Bulk(queue_for(url, retention=retention))
+
+
+def ensure_kinds(q: Bulk, kinds: set[str]) -> None:
     """The sink passes payloads through unchanged, so any kind is accepted as-is (a worker
     has no user codecs); Queue refuses kinds it has not seen registered."""
-    known = set(q.kinds.names())
-    for kind in kinds - known:
-        q.register_kind(kind)
+    q.accept_kinds(kinds)

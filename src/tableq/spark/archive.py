@@ -4,7 +4,7 @@ from the database, in bounded batches. A run is described by a manifest written 
 data, so a rerun after a crash resumes the same run (same rows, same files) instead of starting
 a new one: the Parquet write overwrites only that run's partitions, the purge deletes only rows
 the run selected. No SQL here: rows are read with the tableq source, deleted with
-Queue.delete_history."""
+Bulk.delete_history."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from tableq.spark._queues import queue_for
+from tableq.spark._queues import bulk_for
 
 log = logging.getLogger("tableq.spark")
 
@@ -79,12 +79,12 @@ def archive(spark: Any, url: str, out: str, *, older_than: float | timedelta = 8
     """Moves done and dead messages older than `older_than` seconds (by done_at / dead_at)
     to Parquet under `out`/done and `out`/dead (partitioned by topic, date and run), then purges
     them. Safe to rerun after a crash at any point: an unfinished run is resumed first."""
-    q = queue_for(url)
+    q = bulk_for(url)
     manifest = _read_manifest(spark, out)
     resumed = manifest is not None
     if manifest is None:
         age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
-        manifest = _new_run(q, q.now() - timedelta(seconds=float(age)), sources)
+        manifest = _new_run(q, q.queue.now() - timedelta(seconds=float(age)), sources)
         _write_manifest(spark, out, manifest)
     run, cutoff = manifest["run"], datetime.fromisoformat(manifest["cutoff"])
     result = ArchiveResult(run, cutoff, resumed=resumed, path=out)

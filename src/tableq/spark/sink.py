@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 
 from tableq.codecs import EncodedJson, JsonText
 from tableq.errors import InvalidArgument
-from tableq.spark._queues import ensure_kinds, queue_for
+from tableq.spark._queues import bulk_for, ensure_kinds
 from tableq.spark.options import WRITE_COLUMNS, OptionError, WriteOptions
 
 log = logging.getLogger("tableq.spark")
@@ -289,7 +289,7 @@ def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: 
     ctx = TaskContext.get()
     part = ctx.taskAttemptId() if ctx is not None else 0
     partition = ctx.partitionId() if ctx is not None else 0
-    q = queue_for(opts.url)
+    q = bulk_for(opts.url)
     mapper = RowMapper(plan, opts)
     rows = 0
     for batch in batches:
@@ -329,7 +329,7 @@ class TableqWriter(DataSourceArrowWriter):
         parts = _parts(messages)
         started = time.perf_counter()
         staged = sum(m.rows for m in messages if isinstance(m, StagedPart))
-        n = queue_for(self.opts.url).publish_staged(self.job, parts,
+        n = bulk_for(self.opts.url).publish_staged(self.job, parts,
                                                    on_duplicate=self.opts.on_duplicate,
                                                    expected_rows=staged)
         if n is None:
@@ -340,7 +340,7 @@ class TableqWriter(DataSourceArrowWriter):
                      time.perf_counter() - started)
 
     def abort(self, messages: list[Any]) -> None:
-        n = queue_for(self.opts.url).discard_staged(self.job)
+        n = bulk_for(self.opts.url).discard_staged(self.job)
         log.warning("tableq.load_aborted job=%s discarded=%d", self.job, n)
 
 
@@ -377,7 +377,7 @@ class TableqStreamWriter(DataSourceStreamArrowWriter):
         if not staged:
             return
         job = staged[0].job
-        n = queue_for(self.opts.url).publish_staged(job, _parts(staged),
+        n = bulk_for(self.opts.url).publish_staged(job, _parts(staged),
                                                    on_duplicate=self.opts.on_duplicate,
                                                    expected_rows=sum(m.rows for m in staged))
         if self.opts.fault == f"exit-after-publish:{batchId}":
@@ -388,7 +388,7 @@ class TableqStreamWriter(DataSourceStreamArrowWriter):
             log.info("tableq.batch_committed job=%s batch=%s published=%d", job, batchId, n)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        q = queue_for(self.opts.url)
+        q = bulk_for(self.opts.url)
         for job in {m.job for m in messages if isinstance(m, StagedPart)}:
             n = q.discard_staged(job)
             log.warning("tableq.batch_aborted job=%s batch=%s discarded=%d", job, batchId, n)

@@ -25,7 +25,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from tableq.spark._queues import queue_for
+from tableq.spark._queues import bulk_for, queue_for
 from tableq.spark.options import OptionError, ReadOptions, StreamOptions, WriteOptions
 from tableq.spark.sink import TableqStreamWriter, TableqWriter, check_write_schema
 
@@ -127,7 +127,7 @@ class TableqDataSource(DataSource):
         opts = WriteOptions.parse(self.options, schema.fieldNames())
         # The janitor: loads whose driver died (neither commit nor abort ran) are dropped by
         # the next load, once they are older than staleJobSeconds.
-        stale = queue_for(opts.url).cleanup_staged(older_than=opts.stale_job_seconds)
+        stale = bulk_for(opts.url).cleanup_staged(older_than=opts.stale_job_seconds)
         if stale:
             log.warning("tableq.stale_loads_dropped rows=%d", stale)
         return TableqWriter(plan, opts)
@@ -164,7 +164,7 @@ class IdRange(InputPartition):
 
 
 class TableqBatchReader(DataSourceReader):
-    """A snapshot partitioned by id range (Queue.history_bounds / Queue.history, which lease
+    """A snapshot partitioned by id range (Bulk.history_bounds / Bulk.history, which lease
     nothing). Bounds are taken once, at planning.
 
     No pushFilters: in pyspark 4.3 the partitions planned for one filtered query were reused
@@ -178,7 +178,7 @@ class TableqBatchReader(DataSourceReader):
         self.topic, self.lo, self.hi = opts.topic, opts.lo, opts.hi
 
     def partitions(self) -> Sequence[InputPartition]:
-        q = queue_for(self.opts.url)
+        q = bulk_for(self.opts.url)
         bounds = q.history_bounds(self.opts.source, self.topic)
         lo = max(bounds[0], self.lo or bounds[0]) if bounds else 1
         hi = min(bounds[1], self.hi if self.hi is not None else bounds[1]) if bounds else 0
@@ -191,7 +191,7 @@ class TableqBatchReader(DataSourceReader):
                 for a in range(lo, hi + 1, step)]
 
     def read(self, partition: IdRange) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
-        q = queue_for(partition.url)
+        q = bulk_for(partition.url)
 
         def rows() -> Iterator[dict[str, Any]]:
             a = partition.lo
@@ -248,7 +248,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._budget: int | None = None
 
     def _q(self) -> Any:
-        return queue_for(self.opts.url, retention=self.opts.retention)
+        return bulk_for(self.opts.url, retention=self.opts.retention)
 
     def initialOffset(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "seq": 0}  # the same on every call (Spark calls it twice)
@@ -258,7 +258,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         # The stream ends after this many messages (those due now) or when none is left.
-        s = self._q().stats(self.opts.topic)[0]
+        s = self._q().queue.stats(self.opts.topic)[0]
         self._budget = s.ready
         log.info("tableq.available_now topic=%s budget=%d", self.opts.topic, s.ready)
 
@@ -325,7 +325,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for s in range(lo + 1, hi + 1) for k in range(self.opts.num_partitions)]
 
     def read(self, partition: LeasePart) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
-        q = queue_for(partition.url)
+        q = bulk_for(partition.url)
         if partition.k == 0:  # a replay may come late: keep the batch's messages ours
             q.extend_lease(partition.topic, partition.lease, partition.lease_seconds,
                            ids=partition.ids)

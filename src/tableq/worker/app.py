@@ -95,7 +95,7 @@ class App:
     @property
     def url(self) -> str:
         if self._queue is not None:
-            return str(self._queue.backend.where)
+            return str(self._queue.where)
         return self._url or os.environ.get(URL_ENV) or DEFAULT_URL
 
     def use_url(self, url: str) -> None:
