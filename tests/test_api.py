@@ -141,7 +141,7 @@ def test_dead_lettering_does_not_starve_the_receive(q: tableq.Queue) -> None:
     (m,) = q.receive("mix")
     m.nack()
     q.send("mix", "good")
-    assert [x.payload for x in q.receive("mix")] == ["good"]  # poison buried on the way
+    assert [x.payload for x in q.receive("mix")] == ["good"]  # poison dead-lettered on the way
     assert q.stats("mix")[0].dead == 1
 
 
@@ -596,7 +596,7 @@ def test_group_lease_batch(q: tableq.Queue) -> None:
     assert Bulk(q).extend_lease("g", "epoch-1:2", 120, ids=ids) == 2
     assert Bulk(q).ack_lease("g", "epoch-1:2", ids=(ids[0], ids[0])) == 1
     assert Bulk(q).ack_lease("g", "epoch-1:2") == 1
-    # Leasing by ids only: the same lease, nothing fetched; spent messages are buried.
+    # Leasing by ids only: the same lease, nothing fetched; spent messages are dead-lettered.
     q.send_many("g2", range(4))
     spent = q.receive("g2", max=1)[0]
     q.nack(spent, delay=0)

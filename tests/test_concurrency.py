@@ -174,7 +174,7 @@ def test_concurrent_migrations_apply_each_version_once(db_url: str) -> None:
     with tableq.connect(db_url) as q:
         # Each version once, none skipped (versions need not be contiguous: a backend ships
         # only the migrations it needs).
-        assert applied == sorted(q._backend.known_migrations())
+        assert applied == sorted(q._backend.migrations_known())
         assert q.migrate() == [] and q._backend.schema_version() == applied[-1]
         q.send("after", 1)
         assert q.receive("after")[0].payload == 1

@@ -217,7 +217,7 @@ def test_sqlite_synchronous_normal_is_flagged(tmp_path: Path) -> None:
 def test_pending_migrations_are_risky_and_doctor_changes_nothing(db_url: str) -> None:
     q = tableq.connect(db_url)
     try:
-        known = sorted(q._backend.known_migrations())
+        known = sorted(q._backend.migrations_known())
         if q.dialect == "postgres":  # migrate all but the last version
             q._backend._migrations = q._backend._migrations[:-1]
             q.migrate()

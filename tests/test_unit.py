@@ -27,9 +27,9 @@ FAMILY_QUERIES = {
     # The select-then-lease claim, per-key insert and ack-then-archive that MySQL and SQLite
     # share (SqlBackend.claim / insert); PostgreSQL does each in one statement.
     ("mysql", "sqlite"): {
-        "message_due", "message_due_where", "message_lease", "message_bury_ids",
-        "message_delete_ids", "message_find_key", "message_ack_one", "message_archive",
-        "lease_archive", "dead_delete_requeued", "stage_insert",
+        "message_due", "message_due_where", "message_lease", "message_dead_letter_ids",
+        "message_delete_ids", "message_find_key", "message_ack_one", "done_insert",
+        "done_insert_lease", "dead_delete_requeued", "stage_insert",
     },
     # Servers, not files: a version check, a migration lock, an idle-transaction limit,
     # open-transaction facts; a duplicate key ignored by the statement itself (SQLite looks

@@ -47,7 +47,7 @@ class Bulk:
         check_topic(topic)
         q._check_send(on_duplicate, None)
         batch = q._batch(topic, items, None, None, 0, None, None)
-        return backend_of(q).stage(check_token(job), _part(part), batch) if len(batch) else 0
+        return backend_of(q).stage_write(check_token(job), _part(part), batch) if len(batch) else 0
 
     def publish_staged(self, job: str, parts: Sequence[int], *,
                        on_duplicate: Literal["ignore", "replace"] = "ignore",
@@ -59,12 +59,12 @@ class Bulk:
         crash: fewer or more raise LoadIncomplete and nothing is published."""
         if on_duplicate not in ("ignore", "replace"):
             raise InvalidArgument("publish_staged takes on_duplicate='ignore' or 'replace'")
-        return backend_of(self.queue).publish(check_token(job), [_part(p) for p in parts],
+        return backend_of(self.queue).stage_publish(check_token(job), [_part(p) for p in parts],
                                               on_duplicate, expected_rows)
 
     def discard_staged(self, job: str) -> int:
         """Drops every staged row of the job (an aborted load). Returns how many."""
-        return backend_of(self.queue).discard(check_token(job))
+        return backend_of(self.queue).stage_discard(check_token(job))
 
     def cleanup_staged(self, older_than: float | timedelta = 3600.0) -> int:
         """Drops staged rows of loads still open after `older_than` seconds (their driver
@@ -73,7 +73,7 @@ class Bulk:
 
     def staged_job_state(self, job: str) -> str | None:
         """'open', 'committed', 'aborted', or None for a job never seen."""
-        return backend_of(self.queue).job_state(check_token(job))
+        return backend_of(self.queue).stage_job_state(check_token(job))
 
     def accept_kinds(self, kinds: Iterable[str]) -> None:
         """Registers, without codecs, each of `kinds` the queue does not know yet: the sink
@@ -105,10 +105,10 @@ class Bulk:
         spec = q._spec(topic, max, visibility_timeout, None, max_attempts, check_token(lease))
         ids: list[int] = []
         for _ in range(10):  # bounded: each pass leases or buries something
-            result = backend_of(q).claim(dataclasses.replace(spec, max=spec.max - len(ids),
+            result = backend_of(q).message_claim(dataclasses.replace(spec, max=spec.max - len(ids),
                                                              ids_only=True))
             ids += [r["id"] for r in result.rows]
-            if len(ids) >= spec.max or result.buried == 0:
+            if len(ids) >= spec.max or result.dead_lettered == 0:
                 break
         return ids
 
@@ -134,14 +134,14 @@ class Bulk:
 
     def history_bounds(self, source: str, topic: str | None = None) -> tuple[int, int] | None:
         """(min id, max id) of the live messages (source='live'), the dead-letter store
-        ('dead') or the archive of acked messages ('done'), or None when empty."""
+        ('dead') or the acked messages kept in 'done', or None when empty."""
         return backend_of(self.queue).history_bounds(_source(source), _opt_topic(topic))
 
     def history(self, source: str, topic: str | None, lo: int, hi: int, *,
                 before: datetime | None = None) -> list[Row]:
         """Rows with lo <= id <= hi, as plain dicts: live messages ('live', created before
         `before`; their lease is not returned), dead letters ('dead', dead_at before `before`)
-        or archived acked messages ('done', done_at before `before`). A snapshot read: nothing
+        or acked messages kept in 'done' ('done', done_at before `before`). A snapshot read: nothing
         is leased or changed."""
         if not _is_id_bound(lo) or not _is_id_bound(hi):
             raise InvalidArgument(f"lo and hi must be 64-bit whole numbers, not {shown(lo)} "

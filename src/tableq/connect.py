@@ -44,7 +44,7 @@ def connect(
     """Opens the queue database at `url`: sqlite:///path.db (the default, embedded),
     postgresql://user@host/db (?schema=name, default tableq) or mysql://user@host/db
     (?prefix=name_, default tableq_). `migrate=True` creates or upgrades the tables first.
-    `retention=True` keeps acked messages in the archive table (for reports and the Spark
+    `retention=True` keeps acked messages in the done table (for reports and the Spark
     archive pipeline). `strict_kinds=False` lets messages carry kinds this process has not
     registered (they pass unvalidated); by default an unregistered kind is refused. Backend
     options: SQLite `synchronous` ("FULL" default, or "NORMAL"); PostgreSQL and MySQL

@@ -317,7 +317,7 @@ class Queue:
         self._check_send(on_duplicate, connection)
         row = self._new(topic, payload, key=key, kind=kind, headers=headers,
                         priority=priority, delay=delay, at=at)
-        ((msg_id, status),) = self._backend.insert([row], on_duplicate, connection)
+        ((msg_id, status),) = self._backend.message_insert([row], on_duplicate, connection)
         return SendResult(msg_id, cast(SendStatus, status), row.key)
 
     def send_many(
@@ -342,7 +342,7 @@ class Queue:
         if not rows:
             return []
         unique, slots = dedupe_batch(rows, on_duplicate)
-        done = self._backend.insert(unique, on_duplicate, connection)
+        done = self._backend.message_insert(unique, on_duplicate, connection)
         out = []
         for row, (slot, repeat) in zip(rows, slots, strict=True):
             msg_id, status = done[slot]
@@ -405,12 +405,12 @@ class Queue:
         spec = self._spec(topic, max, visibility_timeout, where, max_attempts)
         if mode == "at_most_once":
             out = []
-            for row in self._backend.claim_delete(spec).rows:
+            for row in self._backend.message_take(spec).rows:
                 try:
                     out.append(self._message(
                         {**row, "payload": self._kinds.decode(row.get("kind"), row["payload"])}))
                 except PayloadInvalid as exc:  # already removed: keep it as a dead letter
-                    self._backend.bury_taken(row, f"undecodable payload: {exc}")
+                    self._backend.message_dead_letter_taken(row, f"undecodable payload: {exc}")
             return out
         return self._claim(spec, None, None)
 
@@ -422,7 +422,7 @@ class Queue:
         charge, charge_last = spec.charge, spec.charge_last
         for _ in range(10):  # bounded: each pass buries or returns something
             want = spec.max - len(out)
-            result = self._backend.claim(
+            result = self._backend.message_claim(
                 ClaimSpec(spec.topic, want, spec.visibility_timeout_s, spec.max_attempts,
                           spec.where, spec.lease, charge=charge, charge_last=charge_last),
                 conn)
@@ -440,7 +440,7 @@ class Queue:
                 charge = max(0, charge - len(result.rows))
             if charge_last is not None:
                 charge_last = max(0, charge_last - len(result.rows))
-            if len(out) >= spec.max or (result.buried == 0 and undecodable == 0):
+            if len(out) >= spec.max or (result.dead_lettered == 0 and undecodable == 0):
                 break
         return out
 
@@ -449,7 +449,7 @@ class Queue:
             payload = self._kinds.decode(row.get("kind"), row["payload"])
         except PayloadInvalid as exc:
             # A payload its kind rejects is poison: dead-letter it instead of redelivering.
-            self._backend.bury(row["id"], row["lease"], f"undecodable payload: {exc}", conn)
+            self._backend.message_dead_letter(row["id"], row["lease"], f"undecodable payload: {exc}", conn)
             return None
         return self._message({**row, "payload": payload}, tx)
 
@@ -492,7 +492,7 @@ class Queue:
         refs = [self._leased(m, "charge") for m in msgs]
         if not refs:
             return []
-        done = self._backend.charge(refs, seconds("extend", extend, self.visibility_timeout_s))
+        done = self._backend.message_charge(refs, seconds("extend", extend, self.visibility_timeout_s))
         return [_replace(m, attempts=done[m.id][0], available_at=done[m.id][1])
                 for m in msgs if m.id in done]
 
@@ -514,7 +514,7 @@ class Queue:
         return msg.id, check_token(msg.lease)
 
     def ack(self, msg: Message, *, connection: Any = None) -> None:
-        """Removes the message (archives it with retention=True) if this delivery still holds
+        """Removes the message (keeps it in the done table with retention=True) if this delivery still holds
         its lease; otherwise raises LeaseLost and changes nothing."""
         self.ack_many([msg], connection=connection)
 
@@ -524,13 +524,13 @@ class Queue:
         refs = [self._leased(m, "ack") for m in msgs]
         if not refs:
             return
-        done = self._backend.ack(refs, self.retention, connection)
+        done = self._backend.message_ack(refs, self.retention, connection)
         lost = [m for m in msgs if m.id not in done]
         if lost and self.retention and connection is None:
-            # An ack retried after its reply was lost finds its message archived under the
+            # An ack retried after its reply was lost finds its message in the done table under the
             # same lease: that is "already acked", not a lost lease.
-            archived = self._backend.done_match([(m.id, m.lease) for m in lost if m.lease])
-            lost = [m for m in lost if m.id not in archived]
+            kept = self._backend.done_match([(m.id, m.lease) for m in lost if m.lease])
+            lost = [m for m in lost if m.id not in kept]
         if lost:
             raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
 
@@ -550,7 +550,7 @@ class Queue:
         msg_id, lease = self._leased(msg, action)
         if error is not None:
             error = error_text(error)
-        if not self._backend.release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
+        if not self._backend.message_release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
             raise LeaseLost(msg.topic, msg.id, action)
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
@@ -565,7 +565,7 @@ class Queue:
             progress_json = self._kinds.encode(None, progress, self.max_payload_bytes).json_text
             if progress_json is None:
                 raise InvalidArgument("progress must be JSON-serialisable, not bytes")
-        until = self._backend.extend(msg_id, lease, extend_s, progress_json)
+        until = self._backend.message_extend(msg_id, lease, extend_s, progress_json)
         if until is None:
             raise LeaseLost(msg.topic, msg.id, "heartbeat")
         return _replace(msg, available_at=until,
@@ -579,14 +579,14 @@ class Queue:
         refs = [self._leased(m, "heartbeat") for m in msgs]
         if not refs:
             return []
-        until = self._backend.extend_many(refs, seconds("extend", extend,
+        until = self._backend.message_extend_many(refs, seconds("extend", extend,
                                                        self.visibility_timeout_s))
         return [_replace(m, available_at=until[m.id]) for m in msgs if m.id in until]
 
     def dead_letter(self, msg: Message, error: str, *, connection: Any = None) -> None:
         """Moves the message to the dead-letter store with `error`, if the lease still holds."""
         msg_id, lease = self._leased(msg, "dead-letter")
-        if not self._backend.bury(msg_id, lease, error_text(error), connection):
+        if not self._backend.message_dead_letter(msg_id, lease, error_text(error), connection):
             raise LeaseLost(msg.topic, msg.id, "dead-letter")
 
     def forward(self, msg: Message, topic: str, payload: Any, *, key: str | None = None,
@@ -614,21 +614,21 @@ class Queue:
     def peek(self, topic: str, limit: int = 10) -> list[Message]:
         """Live messages in delivery order, without leasing them."""
         check_topic(topic)
-        rows = self._backend.peek(topic, _positive_int("limit", limit, RECEIVE_MAX_LIMIT))
+        rows = self._backend.message_peek(topic, _positive_int("limit", limit, RECEIVE_MAX_LIMIT))
         return [self._message({**r, "lease": None}) for r in rows]
 
     def get(self, msg_id: int) -> Message | None:
         """A live message by id (without its lease), or None."""
-        row = self._backend.get(_positive_int("id", msg_id, ID_MAX))
+        row = self._backend.message_get(_positive_int("id", msg_id, ID_MAX))
         return self._message({**row, "lease": None}) if row else None
 
     def topics(self) -> list[str]:
-        return self._backend.topics()
+        return self._backend.topic_list()
 
     def stats(self, topic: str | None = None) -> list[TopicStats]:
         if topic is not None:
             check_topic(topic)
-        rows = self._backend.stats(topic)
+        rows = self._backend.topic_stats(topic)
         if topic is not None and not rows:
             rows = [{"topic": topic, "ready": 0, "scheduled": 0, "in_flight": 0, "dead": 0,
                      "done": 0, "oldest_ready_age": None}]
@@ -636,7 +636,7 @@ class Queue:
 
     def purge(self, topic: str) -> int:
         """Deletes every live message of the topic (dead letters stay). Returns the count."""
-        return self._backend.purge(check_topic(topic))
+        return self._backend.topic_purge(check_topic(topic))
 
     def dead_letters(self, topic: str, *, limit: int = 100) -> list[DeadLetter]:
         check_topic(topic)
@@ -656,7 +656,7 @@ class Queue:
     def pending_migrations(self) -> list[int]:
         """Migration versions this code ships that the database has not applied (empty when
         current). A read: takes no migration lock. SchemaNotMigrated when nothing is."""
-        return sorted(self._backend.known_migrations() - self._backend.applied_migrations())
+        return sorted(self._backend.migrations_known() - self._backend.migrations_applied())
 
 def backend_of(queue: Queue) -> Backend:
     """Internal: the backend a Queue delegates to, for tableq's own layers (the bulk plumbing,

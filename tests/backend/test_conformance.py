@@ -45,8 +45,8 @@ def refs(rows: list[dict[str, object]]) -> list[tuple[int, str]]:
 
 
 def test_migrations_and_schema_version(backend: Backend) -> None:
-    known = backend.known_migrations()
-    assert known and backend.applied_migrations() == known
+    known = backend.migrations_known()
+    assert known and backend.migrations_applied() == known
     assert backend.schema_version() == max(known)
     assert backend.migrate() == []  # idempotent
 
@@ -64,11 +64,11 @@ def test_check_connection_and_transaction(backend: Backend) -> None:
         backend.check_connection(object())
     with backend.transaction() as conn:
         backend.check_connection(conn)
-        backend.insert([msg({"n": 1})], "error", conn)
+        backend.message_insert([msg({"n": 1})], "error", conn)
     with pytest.raises(RuntimeError), backend.transaction() as conn:
-        backend.insert([msg({"n": 2})], "error", conn)
+        backend.message_insert([msg({"n": 2})], "error", conn)
         raise RuntimeError("roll back")
-    assert [r["payload"] for r in backend.peek(T, 10)] == [{"n": 1}]
+    assert [r["payload"] for r in backend.message_peek(T, 10)] == [{"n": 1}]
 
 
 def test_listener_is_none_or_waits(backend: Backend) -> None:
@@ -85,11 +85,11 @@ def test_listener_is_none_or_waits(backend: Backend) -> None:
 
 
 def test_insert_plain_rows_keep_their_order(backend: Backend) -> None:
-    got = backend.insert([msg({"n": i}) for i in range(5)], "error")
+    got = backend.message_insert([msg({"n": i}) for i in range(5)], "error")
     ids = [i for i, _ in got]
     assert [s for _, s in got] == ["sent"] * 5 and ids == sorted(ids) and len(set(ids)) == 5
-    assert [backend.get(i)["payload"] for i in ids] == [{"n": i} for i in range(5)]  # type: ignore[index]
-    assert backend.get(max(ids) + 1000) is None
+    assert [backend.message_get(i)["payload"] for i in ids] == [{"n": i} for i in range(5)]  # type: ignore[index]
+    assert backend.message_get(max(ids) + 1000) is None
 
 
 def test_insert_batch_keeps_every_field_and_its_order(backend: Backend) -> None:
@@ -101,10 +101,10 @@ def test_insert_batch_keeps_every_field_and_its_order(backend: Backend) -> None:
                  headers={"h": str(i)} if i % 3 else None) for i in range(1200)]
     batch += [msg(data=b"\x00\xff\"'raw"), msg({"later": 1}, at=at),
               msg({"delayed": 1}, delay_s=7.5), msg({"k": 1}, key="kk")]
-    got = backend.insert(batch, "error")
+    got = backend.message_insert(batch, "error")
     ids = [i for i, _ in got]
     assert len(set(ids)) == len(batch) and ids == sorted(ids)
-    rows = [backend.get(i) for i in ids]
+    rows = [backend.message_get(i) for i in ids]
     for m, row in zip(batch, rows, strict=True):
         assert row is not None
         if m.data is not None:
@@ -118,92 +118,92 @@ def test_insert_batch_keeps_every_field_and_its_order(backend: Backend) -> None:
 
 
 def test_insert_keyed_duplicate_policies(backend: Backend) -> None:
-    [(first, status)] = backend.insert([msg({"v": 1}, key="k")], "error")
+    [(first, status)] = backend.message_insert([msg({"v": 1}, key="k")], "error")
     assert status == "sent"
-    assert backend.insert([msg({"v": 2}, key="k")], "ignore") == [(first, "duplicate")]
-    assert backend.get(first)["payload"] == {"v": 1}  # type: ignore[index]
-    assert backend.insert([msg({"v": 3}, key="k")], "replace") == [(first, "replaced")]
-    assert backend.get(first)["payload"] == {"v": 3}  # type: ignore[index]
+    assert backend.message_insert([msg({"v": 2}, key="k")], "ignore") == [(first, "duplicate")]
+    assert backend.message_get(first)["payload"] == {"v": 1}  # type: ignore[index]
+    assert backend.message_insert([msg({"v": 3}, key="k")], "replace") == [(first, "replaced")]
+    assert backend.message_get(first)["payload"] == {"v": 3}  # type: ignore[index]
     with pytest.raises(DuplicateMessage) as err:
-        backend.insert([msg({"v": 4}, key="k")], "error")
+        backend.message_insert([msg({"v": 4}, key="k")], "error")
     assert err.value.existing_id == first
-    mixed = backend.insert([msg(), msg(key="k"), msg(key="other"), msg()], "ignore")
+    mixed = backend.message_insert([msg(), msg(key="k"), msg(key="other"), msg()], "ignore")
     assert [s for _, s in mixed] == ["sent", "duplicate", "sent", "sent"]
     assert mixed[1][0] == first
 
 
 def test_rows_carry_every_field(backend: Backend) -> None:
-    [(i, _)] = backend.insert([msg({"a": [1, 2]}, kind="k1", priority=3,
+    [(i, _)] = backend.message_insert([msg({"a": [1, 2]}, kind="k1", priority=3,
                                    headers={"h": "v"})], "error")
-    [(j, _)] = backend.insert([msg(data=b"\x00\xffraw")], "error")
-    row = backend.get(i)
+    [(j, _)] = backend.message_insert([msg(data=b"\x00\xffraw")], "error")
+    row = backend.message_get(i)
     assert row is not None
     assert (row["topic"], row["kind"], row["priority"], row["headers"], row["payload"]) == (
         T, "k1", 3, {"h": "v"}, {"a": [1, 2]})
     assert row["attempts"] == 0 and row["lease"] is None
     assert row["created_at"] == row["available_at"] == backend.now()
-    assert backend.get(j)["payload"] == b"\x00\xffraw"  # type: ignore[index]
+    assert backend.message_get(j)["payload"] == b"\x00\xffraw"  # type: ignore[index]
 
 
 def test_peek_topics_stats_purge(backend: Backend) -> None:
-    backend.insert([msg({"n": 1}), msg({"n": 2}, priority=5), msg(topic="other")], "error")
-    backend.insert([msg({"n": 3}, delay_s=60)], "error")
-    assert [r["payload"]["n"] for r in backend.peek(T, 10)] == [2, 1, 3]
-    assert backend.topics() == ["orders", "other"]
-    stats = {s["topic"]: s for s in backend.stats(None)}
+    backend.message_insert([msg({"n": 1}), msg({"n": 2}, priority=5), msg(topic="other")], "error")
+    backend.message_insert([msg({"n": 3}, delay_s=60)], "error")
+    assert [r["payload"]["n"] for r in backend.message_peek(T, 10)] == [2, 1, 3]
+    assert backend.topic_list() == ["orders", "other"]
+    stats = {s["topic"]: s for s in backend.topic_stats(None)}
     assert (stats[T]["ready"], stats[T]["scheduled"], stats[T]["in_flight"]) == (2, 1, 0)
-    assert [s["topic"] for s in backend.stats("other")] == ["other"]
-    assert backend.purge(T) == 3 and backend.peek(T, 10) == []
+    assert [s["topic"] for s in backend.topic_stats("other")] == ["other"]
+    assert backend.topic_purge(T) == 3 and backend.message_peek(T, 10) == []
 
 
 def test_delay_and_at_are_database_time(backend: Backend) -> None:
     now = backend.now()
     # `at` makes a round trip through Python (microseconds), so it sits clear of the step.
-    backend.insert([msg({"n": 1}, delay_s=10), msg({"n": 2}, at=now + timedelta(seconds=4.5))],
+    backend.message_insert([msg({"n": 1}, delay_s=10), msg({"n": 2}, at=now + timedelta(seconds=4.5))],
                    "error")
-    assert backend.claim(spec()).rows == []
+    assert backend.message_claim(spec()).rows == []
     backend.advance_clock(5)
-    assert [r["payload"]["n"] for r in backend.claim(spec()).rows] == [2]
+    assert [r["payload"]["n"] for r in backend.message_claim(spec()).rows] == [2]
     backend.advance_clock(5)
-    assert [r["payload"]["n"] for r in backend.claim(spec()).rows] == [1]
+    assert [r["payload"]["n"] for r in backend.message_claim(spec()).rows] == [1]
 
 
 # --- receiving and settling ----------------------------------------------------------------
 
 
 def test_claim_leases_in_delivery_order_and_ack_fences(backend: Backend) -> None:
-    backend.insert([msg({"n": i}, priority=i % 2) for i in range(4)], "error")
-    got = backend.claim(spec(3))
-    assert [r["payload"]["n"] for r in got.rows] == [1, 3, 0] and got.buried == 0
+    backend.message_insert([msg({"n": i}, priority=i % 2) for i in range(4)], "error")
+    got = backend.message_claim(spec(3))
+    assert [r["payload"]["n"] for r in got.rows] == [1, 3, 0] and got.dead_lettered == 0
     now = backend.now()
     for r in got.rows:
         assert r["attempts"] == 1 and r["charged"] is True and r["lease"]
         assert r["received_at"] == now and r["available_at"] == now + timedelta(seconds=30)
-    assert backend.claim(spec(3)).rows[0]["payload"] == {"n": 2}  # the rest is leased
+    assert backend.message_claim(spec(3)).rows[0]["payload"] == {"n": 2}  # the rest is leased
     first = got.rows[0]
-    assert backend.ack([(first["id"], "stale")], retain=False) == set()
-    assert backend.ack(refs(got.rows), retain=False) == {r["id"] for r in got.rows}
-    assert backend.ack(refs(got.rows), retain=False) == set()
+    assert backend.message_ack([(first["id"], "stale")], retain=False) == set()
+    assert backend.message_ack(refs(got.rows), retain=False) == {r["id"] for r in got.rows}
+    assert backend.message_ack(refs(got.rows), retain=False) == set()
     assert backend.done_match(refs(got.rows)) == set()
 
 
 def test_ack_retain_archives_and_done_match_finds_it(backend: Backend) -> None:
-    backend.insert([msg(), msg()], "error")
-    rows = backend.claim(spec()).rows
-    assert backend.ack(refs(rows), retain=True) == {r["id"] for r in rows}
+    backend.message_insert([msg(), msg()], "error")
+    rows = backend.message_claim(spec()).rows
+    assert backend.message_ack(refs(rows), retain=True) == {r["id"] for r in rows}
     assert backend.done_match(refs(rows)) == {r["id"] for r in rows}
     assert backend.done_match([(rows[0]["id"], "other")]) == set()
-    assert {s["topic"]: s["done"] for s in backend.stats(T)} == {T: 2}
+    assert {s["topic"]: s["done"] for s in backend.topic_stats(T)} == {T: 2}
 
 
 def test_claim_filter_binds_kind_key_and_json_fields(backend: Backend) -> None:
-    backend.insert([msg({"n": 1, "s": "a"}, kind="x"), msg({"n": 2, "s": "b"}, kind="y"),
+    backend.message_insert([msg({"n": 1, "s": "a"}, kind="x"), msg({"n": 2, "s": "b"}, kind="y"),
                     msg({"n": 3, "s": "a'; --", "b": True}, key="k3"),
                     msg({"n": None})], "error")
 
     def pick(where: Filter) -> list[object]:
-        rows = backend.claim(spec(where=where)).rows
-        backend.ack(refs(rows), retain=False)
+        rows = backend.message_claim(spec(where=where)).rows
+        backend.message_ack(refs(rows), retain=False)
         return sorted(str(r["payload"]["n"]) for r in rows)
 
     assert pick(Filter("y", None, ())) == ["2"]
@@ -225,13 +225,13 @@ def test_claim_filter_compares_json_fields_by_type_and_value(backend: Backend) -
         {"v": {"x": 1}, "t": "obj"}, {"v": 0, "t": "zero"}, {"v": 2.5, "u": 7, "t": "two"},
         [1, 2], "v", 7,
     ]
-    backend.insert([msg(p) for p in payloads] + [msg(data=b"\x00{\"v\": 1}")], "error")
-    everything = [r["id"] for r in backend.peek(T, 100)]
+    backend.message_insert([msg(p) for p in payloads] + [msg(data=b"\x00{\"v\": 1}")], "error")
+    everything = [r["id"] for r in backend.message_peek(T, 100)]
 
     def pick(*fields: tuple[str, object]) -> list[str]:
-        rows = backend.claim(spec(100, where=Filter(None, None, fields))).rows
+        rows = backend.message_claim(spec(100, where=Filter(None, None, fields))).rows
         for r in rows:  # put them back: each case sees every message
-            backend.release(r["id"], r["lease"], 0, None, False)
+            backend.message_release(r["id"], r["lease"], 0, None, False)
         return sorted(r["payload"]["t"] for r in rows)
 
     assert pick(("v", 1)) == ["float", "int"]
@@ -249,71 +249,71 @@ def test_claim_filter_compares_json_fields_by_type_and_value(backend: Backend) -
     assert pick(("v", 2.5), ("u", 8)) == []
     assert pick(("w", None)) == []
     assert pick(("t", "missing"), ("v", None)) == []
-    assert len(backend.claim(spec(100, where=Filter(None, None, ()))).rows) == len(everything)
+    assert len(backend.message_claim(spec(100, where=Filter(None, None, ()))).rows) == len(everything)
 
 
 def test_release_with_and_without_penalty(backend: Backend) -> None:
-    backend.insert([msg()], "error")
-    [row] = backend.claim(spec()).rows
-    assert backend.release(row["id"], "stale", 0, None, True) is False
-    assert backend.release(row["id"], row["lease"], 10, "boom", False) is True
-    assert backend.claim(spec()).rows == []
+    backend.message_insert([msg()], "error")
+    [row] = backend.message_claim(spec()).rows
+    assert backend.message_release(row["id"], "stale", 0, None, True) is False
+    assert backend.message_release(row["id"], row["lease"], 10, "boom", False) is True
+    assert backend.message_claim(spec()).rows == []
     backend.advance_clock(10)
-    [again] = backend.claim(spec()).rows
+    [again] = backend.message_claim(spec()).rows
     assert again["attempts"] == 1  # refunded, then charged again
-    assert backend.release(again["id"], again["lease"], 0, None, True) is True
-    assert backend.claim(spec()).rows[0]["attempts"] == 2
+    assert backend.message_release(again["id"], again["lease"], 0, None, True) is True
+    assert backend.message_claim(spec()).rows[0]["attempts"] == 2
 
 
 def test_spent_messages_are_buried_at_claim(backend: Backend) -> None:
-    backend.insert([msg({"n": 1}), msg({"n": 2})], "error")
-    rows = backend.claim(spec(1, max_attempts=1)).rows
-    backend.release(rows[0]["id"], rows[0]["lease"], 0, "failed", True)
-    got = backend.claim(spec(5, max_attempts=1))
-    assert got.buried == 1 and [r["payload"]["n"] for r in got.rows] == [2]
+    backend.message_insert([msg({"n": 1}), msg({"n": 2})], "error")
+    rows = backend.message_claim(spec(1, max_attempts=1)).rows
+    backend.message_release(rows[0]["id"], rows[0]["lease"], 0, "failed", True)
+    got = backend.message_claim(spec(5, max_attempts=1))
+    assert got.dead_lettered == 1 and [r["payload"]["n"] for r in got.rows] == [2]
     [dead] = backend.dead_list(T, 10)
     assert dead["id"] == rows[0]["id"] and dead["error"] == "failed"
 
 
 def test_deferred_charge_and_extensions(backend: Backend) -> None:
-    backend.insert([msg({"n": i}) for i in range(3)], "error")
-    got = backend.claim(spec(3, charge=1)).rows
+    backend.message_insert([msg({"n": i}) for i in range(3)], "error")
+    got = backend.message_claim(spec(3, charge=1)).rows
     assert [(r["attempts"], r["charged"]) for r in got] == [(1, True), (0, False), (0, False)]
     rest = refs(got[1:])
     backend.advance_clock(1)
     now = backend.now()
-    charged = backend.charge(rest + [(got[0]["id"], "stale")], 60)
+    charged = backend.message_charge(rest + [(got[0]["id"], "stale")], 60)
     assert charged == {i: (1, now + timedelta(seconds=60)) for i, _ in rest}
-    assert backend.extend(got[0]["id"], got[0]["lease"], 45, json.dumps({"p": 1})) == (
+    assert backend.message_extend(got[0]["id"], got[0]["lease"], 45, json.dumps({"p": 1})) == (
         now + timedelta(seconds=45))
-    assert backend.get(got[0]["id"])["progress"] == {"p": 1}  # type: ignore[index]
-    assert backend.extend(got[0]["id"], "stale", 45, None) is None
-    assert backend.extend_many(refs(got) + [(got[0]["id"], "stale")], 20) == {
+    assert backend.message_get(got[0]["id"])["progress"] == {"p": 1}  # type: ignore[index]
+    assert backend.message_extend(got[0]["id"], "stale", 45, None) is None
+    assert backend.message_extend_many(refs(got) + [(got[0]["id"], "stale")], 20) == {
         r["id"]: now + timedelta(seconds=20) for r in got}
 
 
 def test_ids_only_claims_and_group_leases(backend: Backend) -> None:
-    ids = [i for i, _ in backend.insert([msg({"n": i}) for i in range(6)], "error")]
-    got = backend.claim(spec(4, lease="L1", ids_only=True))
+    ids = [i for i, _ in backend.message_insert([msg({"n": i}) for i in range(6)], "error")]
+    got = backend.message_claim(spec(4, lease="L1", ids_only=True))
     assert got.rows == [{"id": i} for i in ids[:4]]
     group = GroupLease(T, "L1", min(ids), max(ids))
     assert sorted(r["id"] for r in backend.lease_rows(group)) == ids[:4]
     half = GroupLease(T, "L1", min(ids), max(ids), k=0, n=2)
     assert all(r["id"] % 2 == 0 for r in backend.lease_rows(half))
     assert backend.lease_extend(group, 120) == 4
-    assert backend.get(ids[0])["available_at"] == backend.now() + timedelta(seconds=120)  # type: ignore[index]
+    assert backend.message_get(ids[0])["available_at"] == backend.now() + timedelta(seconds=120)  # type: ignore[index]
     assert backend.lease_ack(GroupLease(T, "other"), retain=True) == 0
     assert backend.lease_ack(group, retain=True) == 4
     assert backend.done_match([(i, "L1") for i in ids]) == set(ids[:4])
-    assert [r["id"] for r in backend.peek(T, 10)] == ids[4:]
+    assert [r["id"] for r in backend.message_peek(T, 10)] == ids[4:]
 
 
 def test_claim_delete_and_bury_taken(backend: Backend) -> None:
-    backend.insert([msg({"n": 1}), msg({"n": 2}, priority=1)], "error")
-    got = backend.claim_delete(spec(5))
+    backend.message_insert([msg({"n": 1}), msg({"n": 2}, priority=1)], "error")
+    got = backend.message_take(spec(5))
     assert [r["payload"]["n"] for r in got.rows] == [2, 1]
-    assert all(r["attempts"] == 1 for r in got.rows) and backend.peek(T, 10) == []
-    backend.bury_taken(got.rows[0], "handler failed")
+    assert all(r["attempts"] == 1 for r in got.rows) and backend.message_peek(T, 10) == []
+    backend.message_dead_letter_taken(got.rows[0], "handler failed")
     [dead] = backend.dead_list(T, 10)
     assert (dead["id"], dead["payload"], dead["error"]) == (
         got.rows[0]["id"], {"n": 2}, "handler failed")
@@ -323,16 +323,16 @@ def test_claim_delete_and_bury_taken(backend: Backend) -> None:
 
 
 def test_bury_requeue_and_purge_dead_letters(backend: Backend) -> None:
-    backend.insert([msg({"n": 1}, key="a"), msg({"n": 2}), msg({"n": 3})], "error")
-    rows = backend.claim(spec()).rows
-    assert backend.bury(rows[0]["id"], "stale", "x") is False
+    backend.message_insert([msg({"n": 1}, key="a"), msg({"n": 2}), msg({"n": 3})], "error")
+    rows = backend.message_claim(spec()).rows
+    assert backend.message_dead_letter(rows[0]["id"], "stale", "x") is False
     for r in rows:
-        assert backend.bury(r["id"], r["lease"], f"bad {r['payload']['n']}") is True
+        assert backend.message_dead_letter(r["id"], r["lease"], f"bad {r['payload']['n']}") is True
     assert [d["error"] for d in backend.dead_list(T, 10)] == ["bad 1", "bad 2", "bad 3"]
-    assert backend.stats(T)[0]["dead"] == 3
-    backend.insert([msg({"n": 9}, key="a")], "error")  # the key is live again: it stays dead
+    assert backend.topic_stats(T)[0]["dead"] == 3
+    backend.message_insert([msg({"n": 9}, key="a")], "error")  # the key is live again: it stays dead
     assert backend.dead_requeue(T, [rows[0]["id"], rows[1]["id"]]) == 1
-    assert backend.get(rows[1]["id"])["attempts"] == 0  # type: ignore[index]
+    assert backend.message_get(rows[1]["id"])["attempts"] == 0  # type: ignore[index]
     assert backend.dead_purge(T, [rows[2]["id"]]) == 1
     assert backend.dead_purge(T, []) == 0
     assert backend.dead_purge(T, None) == 1
@@ -344,34 +344,34 @@ def test_bury_requeue_and_purge_dead_letters(backend: Backend) -> None:
 
 
 def test_stage_publish_discard_and_cleanup(backend: Backend) -> None:
-    assert backend.job_state("j1") is None
-    assert backend.stage("j1", 0, [msg({"n": 1}), msg({"n": 2}, key="k")]) == 2
+    assert backend.stage_job_state("j1") is None
+    assert backend.stage_write("j1", 0, [msg({"n": 1}), msg({"n": 2}, key="k")]) == 2
     batch = PayloadBatch(msg(), [(json.dumps({"n": 3}), None), (None, b"\x01")])
-    assert backend.stage("j1", 1, batch) == 2
-    assert backend.stage("j1", 2, [msg({"n": 4})]) == 1
-    assert backend.job_state("j1") == "open" and backend.peek(T, 10) == []
+    assert backend.stage_write("j1", 1, batch) == 2
+    assert backend.stage_write("j1", 2, [msg({"n": 4})]) == 1
+    assert backend.stage_job_state("j1") == "open" and backend.message_peek(T, 10) == []
     with pytest.raises(LoadIncomplete):
-        backend.publish("j1", [0, 1], "ignore", expected=5)
-    assert backend.publish("j1", [0, 1], "ignore", expected=4) == 4
-    assert backend.job_state("j1") == "committed"
-    assert sorted(str(r["payload"]) for r in backend.peek(T, 10)) == sorted(
+        backend.stage_publish("j1", [0, 1], "ignore", expected=5)
+    assert backend.stage_publish("j1", [0, 1], "ignore", expected=4) == 4
+    assert backend.stage_job_state("j1") == "committed"
+    assert sorted(str(r["payload"]) for r in backend.message_peek(T, 10)) == sorted(
         ["{'n': 1}", "{'n': 2}", "{'n': 3}", "b'\\x01'"])
-    assert backend.publish("j1", [0, 1], "ignore") is None  # once only
-    assert backend.stage("j1", 3, [msg()]) == 0  # a late task of a committed load
+    assert backend.stage_publish("j1", [0, 1], "ignore") is None  # once only
+    assert backend.stage_write("j1", 3, [msg()]) == 0  # a late task of a committed load
 
-    backend.stage("j2", 0, [msg()])
-    assert backend.discard("j2") >= 1 and backend.job_state("j2") == "aborted"
-    backend.stage("j3", 0, [msg()])
+    backend.stage_write("j2", 0, [msg()])
+    assert backend.stage_discard("j2") >= 1 and backend.stage_job_state("j2") == "aborted"
+    backend.stage_write("j3", 0, [msg()])
     assert backend.stage_cleanup(3600) == 0
     backend.advance_clock(3601)
-    assert backend.stage_cleanup(3600) >= 1 and backend.job_state("j3") == "aborted"
+    assert backend.stage_cleanup(3600) >= 1 and backend.stage_job_state("j3") == "aborted"
 
 
 def test_publish_replace_takes_the_staged_row(backend: Backend) -> None:
-    [(live, _)] = backend.insert([msg({"v": 1}, key="k")], "error")
-    backend.stage("j", 0, [msg({"v": 2}, key="k"), msg({"v": 3}, key="new")])
-    assert backend.publish("j", [0], "replace") == 2
-    assert backend.get(live)["payload"] == {"v": 2}  # type: ignore[index]
+    [(live, _)] = backend.message_insert([msg({"v": 1}, key="k")], "error")
+    backend.stage_write("j", 0, [msg({"v": 2}, key="k"), msg({"v": 3}, key="new")])
+    assert backend.stage_publish("j", [0], "replace") == 2
+    assert backend.message_get(live)["payload"] == {"v": 2}  # type: ignore[index]
 
 
 # --- history -------------------------------------------------------------------------------
@@ -379,12 +379,12 @@ def test_publish_replace_takes_the_staged_row(backend: Backend) -> None:
 
 def test_history_bounds_rows_and_delete(backend: Backend) -> None:
     assert backend.history_bounds("dead", None) is None
-    ids = [i for i, _ in backend.insert([msg({"n": i}) for i in range(3)], "error")]
+    ids = [i for i, _ in backend.message_insert([msg({"n": i}) for i in range(3)], "error")]
     assert backend.history_bounds("live", T) == (min(ids), max(ids))
     assert [r["id"] for r in backend.history_rows("live", T, min(ids), max(ids), None)] == ids
-    rows = backend.claim(spec()).rows
-    backend.ack(refs(rows[:2]), retain=True)
-    backend.bury(rows[2]["id"], rows[2]["lease"], "x")
+    rows = backend.message_claim(spec()).rows
+    backend.message_ack(refs(rows[:2]), retain=True)
+    backend.message_dead_letter(rows[2]["id"], rows[2]["lease"], "x")
     assert backend.history_bounds("done", None) == (ids[0], ids[1])
     assert backend.history_bounds("dead", "other") is None
     done = backend.history_rows("done", T, ids[0], ids[1], None)
@@ -443,14 +443,14 @@ def test_idempotency_records(backend: Backend) -> None:
 
 def test_health_facts(backend: Backend) -> None:
     facts = backend.health_facts()
-    known = sorted(backend.known_migrations())
+    known = sorted(backend.migrations_known())
     assert facts["schema"] == {"applied": known, "known": known}
     assert "durability" in facts and "error" not in facts["durability"]
 
 
 def test_times_are_aware_utc_everywhere(backend: Backend) -> None:
-    backend.insert([msg()], "error")
-    [row] = backend.claim(spec()).rows
+    backend.message_insert([msg()], "error")
+    [row] = backend.message_claim(spec()).rows
     for name in ("created_at", "available_at", "first_available_at", "received_at"):
         assert row[name].tzinfo is not None and row[name].utcoffset() == timedelta(0), name
     assert backend.now() > datetime(2000, 1, 1, tzinfo=UTC)

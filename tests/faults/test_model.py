@@ -166,7 +166,7 @@ class QueueModel(RuleBasedStateMachine):
             spent = [m for m in due if m.attempts >= limit]
             for m in spent:
                 self.dead[m.id] = self.live.pop(m.id)
-            self.tally["buried at receive"] += len(spent)
+            self.tally["dead-lettered at receive"] += len(spent)
             expected += [m for m in due if m.attempts < limit]
             if len(expected) >= max or not spent:
                 break
@@ -190,7 +190,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule(t=TOPIC)
     def fail_once(self, t: int) -> None:
         """A handler that fails at once: receive one message and nack it without delay, so
-        attempts add up and later receives bury spent messages."""
+        attempts add up and later receives dead-letter spent messages."""
         got = self.receive(t, 1, 10, None)
         for msg in got.values:
             self.nack(msg, 0)
@@ -316,7 +316,7 @@ def test_queue_matches_its_model(db_url: str) -> None:
     t = QueueModel.tally
     print(f"\nS1/{dialect}: 0 divergences in {t['examples']} examples x up to {steps} steps "
           f"({t['steps checked']} states checked, {t['received']} messages received, "
-          f"{t['buried at receive']} buried at receive, "
+          f"{t['dead-lettered at receive']} dead-lettered at receive, "
           f"{t['stale acks rejected']} stale acks, {t['stale nacks rejected']} stale nacks and "
           f"{t['stale heartbeats rejected']} stale heartbeats got LeaseLost)")
 

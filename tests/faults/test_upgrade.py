@@ -112,7 +112,7 @@ def test_u1_upgrade_under_a_running_worker(db_url: str, tmp_path: Path) -> None:
             q.stats("work")[0]) == (0, len(held), 0), timeout=60)
         effects = table.read()
         ran_held = [e.value for e in effects if e.value.startswith("held")]
-        acked = q._backend.ack([(i, lease) for i, lease, _ in held], True)
+        acked = q._backend.message_ack([(i, lease) for i, lease, _ in held], True)
         after = {s.topic: (s.dead, s.done) for s in q.stats() if s.topic in kept}
         work = q.stats("work")[0]
     finally:

@@ -15,7 +15,7 @@ from tableq.testing import wait_until
 
 def test_migrations_are_current_after_migrate(q: tableq.Queue) -> None:
     assert q.pending_migrations() == []
-    assert 3 in q._backend.applied_migrations()
+    assert 3 in q._backend.migrations_applied()
 
 
 def test_pending_migrations_on_an_empty_database(db_url: str) -> None:

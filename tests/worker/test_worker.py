@@ -198,7 +198,7 @@ def test_exactly_once_lease_lost_rolls_back(make_app):
         message.transaction.send("effects2", {"n": 1})
         # The lease changes hands before the ack (here inside the same transaction, which
         # works on every backend; SQLite's single writer would block another connection).
-        app.queue._backend.release(message.id, message.lease, 0.0, None, False,
+        app.queue._backend.message_release(message.id, message.lease, 0.0, None, False,
                                   message.transaction.connection)
 
     app.queue.send("eo2", {})

@@ -132,7 +132,7 @@ class ClaimSpec:
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
     rows: list[Row]
-    buried: int  # messages moved to the dead-letter store because they ran out of attempts
+    dead_lettered: int  # messages moved to the dead-letter store because they ran out of attempts
 
 
 class TransientError(DatabaseBusy):
@@ -211,54 +211,54 @@ class Backend(ABC):
 
     # --- messages
     @abstractmethod
-    def insert(
+    def message_insert(
         self, rows: Sequence[NewMessage], on_duplicate: str, conn: Any = None
     ) -> list[tuple[int, str]]:
         """(id, status) per row, in order; raises DuplicateMessage for on_duplicate='error'."""
     @abstractmethod
-    def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult: ...
+    def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult: ...
     @abstractmethod
-    def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
+    def message_take(self, spec: ClaimSpec) -> ClaimResult:
         """At-most-once: remove up to spec.max due messages and return them."""
     @abstractmethod
-    def ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
         """Removes (or archives) messages still held under (id, lease); returns the ids done."""
     @abstractmethod
-    def release(
+    def message_release(
         self, msg_id: int, lease: str, delay_s: float, error: str | None, penalty: bool,
         conn: Any = None,
     ) -> bool: ...
     @abstractmethod
-    def charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_charge(self, refs: Sequence[tuple[int, str]], extend_s: float
                ) -> dict[int, tuple[int, datetime]]:
         """Charges one attempt to each delivery still held under (id, lease) and extends its
         lease to extend_s from now; returns {id: (attempts, new expiry)} for those."""
     @abstractmethod
-    def extend(
+    def message_extend(
         self, msg_id: int, lease: str, extend_s: float, progress_json: str | None
     ) -> datetime | None: ...
     @abstractmethod
-    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
+    def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
         """Extends the leases still held under (id, lease); returns {id: new expiry}."""
     @abstractmethod
-    def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool: ...
+    def message_dead_letter(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool: ...
     @abstractmethod
-    def bury_taken(self, row: Row, error: str) -> None:
+    def message_dead_letter_taken(self, row: Row, error: str) -> None:
         """Puts a message already removed from the queue (at-most-once) into the dead-letter
         store, as `row` describes it."""
     @abstractmethod
     def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
         """Ids of (id, lease) pairs found in the archive of acked messages."""
     @abstractmethod
-    def peek(self, topic: str, limit: int) -> list[Row]: ...
+    def message_peek(self, topic: str, limit: int) -> list[Row]: ...
     @abstractmethod
-    def get(self, msg_id: int) -> Row | None: ...
+    def message_get(self, msg_id: int) -> Row | None: ...
     @abstractmethod
-    def topics(self) -> list[str]: ...
+    def topic_list(self) -> list[str]: ...
     @abstractmethod
-    def stats(self, topic: str | None) -> list[Row]: ...
+    def topic_stats(self, topic: str | None) -> list[Row]: ...
     @abstractmethod
-    def purge(self, topic: str) -> int: ...
+    def topic_purge(self, topic: str) -> int: ...
 
     # --- dead letters
     @abstractmethod
@@ -278,19 +278,19 @@ class Backend(ABC):
 
     # --- staged bulk loads (the Spark sink): invisible until published, all at once
     @abstractmethod
-    def stage(self, job: str, part: int, rows: Sequence[NewMessage] | PayloadBatch) -> int: ...
+    def stage_write(self, job: str, part: int, rows: Sequence[NewMessage] | PayloadBatch) -> int: ...
     @abstractmethod
-    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+    def stage_publish(self, job: str, parts: Sequence[int], on_duplicate: str,
                 expected: int | None = None) -> int | None:
         """Moves the listed parts' staged rows into the queue in one transaction and marks
         the job committed; returns None if the job was already committed (a no-op). With
         `expected`, raises LoadIncomplete unless exactly that many rows are staged."""
     @abstractmethod
-    def discard(self, job: str) -> int: ...
+    def stage_discard(self, job: str) -> int: ...
     @abstractmethod
     def stage_cleanup(self, older_than_s: float) -> int: ...
     @abstractmethod
-    def job_state(self, job: str) -> str | None: ...
+    def stage_job_state(self, job: str) -> str | None: ...
 
     # --- history (dead letters and retained done messages) for analytics and archiving
     @abstractmethod
@@ -304,10 +304,10 @@ class Backend(ABC):
 
     # --- migrations as they stand, read without taking the migration lock (readiness)
     @abstractmethod
-    def applied_migrations(self) -> set[int]:
+    def migrations_applied(self) -> set[int]:
         """Versions recorded as applied; SchemaNotMigrated when tableq's tables are missing."""
     @abstractmethod
-    def known_migrations(self) -> set[int]:
+    def migrations_known(self) -> set[int]:
         """Versions this code ships."""
 
     # --- access tokens and idempotency records of the HTTP server

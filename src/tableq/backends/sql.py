@@ -47,7 +47,7 @@ Cursor = Any  # the dialect's cursor (or, for sqlite3, its connection)
 Params = dict[str, Any]
 
 # Columns some dialects' claim or look-up queries add for their own use; never in a row.
-_HELPER_COLUMNS = ("due_priority", "due_at", "buried", "db_now")
+_HELPER_COLUMNS = ("due_priority", "due_at", "dead_lettered", "db_now")
 
 
 class SqlBackend(Backend):
@@ -237,19 +237,19 @@ class SqlBackend(Backend):
             return applied
         return self._locked(run)
 
-    def applied_migrations(self) -> set[int]:
+    def migrations_applied(self) -> set[int]:
         return self.run(self._versions, write=False)
 
-    def known_migrations(self) -> set[int]:
+    def migrations_known(self) -> set[int]:
         return {m.version for m in self._migration_files()}
 
     def _schema_facts(self) -> dict[str, Any]:
-        return {"applied": applied_versions(lambda: sorted(self.applied_migrations())),
-                "known": sorted(self.known_migrations())}
+        return {"applied": applied_versions(lambda: sorted(self.migrations_applied())),
+                "known": sorted(self.migrations_known())}
 
     # --- sending: the keyed / plain flush (dialects with one insert per key) ---------------
 
-    def insert(self, rows: Sequence[NewMessage], on_duplicate: str,
+    def message_insert(self, rows: Sequence[NewMessage], on_duplicate: str,
                conn: Any = None) -> list[tuple[int, str]]:
         """Unkeyed rows are inserted in runs (nothing can conflict); a keyed row is inserted
         alone, with its duplicate policy. Order is kept."""
@@ -283,20 +283,20 @@ class SqlBackend(Backend):
                 "payload_bytes": m.data, "headers": m.headers_json, "priority": m.priority,
                 "at": self._db_time(m.at), **self._span("delay", m.delay_s)}
 
-    # --- receiving: select due, bury the spent, lease the rest (dialects without one
+    # --- receiving: select due, dead-letter the spent, lease the rest (dialects without one
     # claiming statement) ----------------------------------------------------------------
 
     def _due(self, cur: Cursor, spec: ClaimSpec) -> list[Row]:
         sql, params = self._receive(self.Q.message_due, self.Q.message_due_where, spec.where)
         return self._all(cur, sql, {**params, "topic": spec.topic, "max": spec.max})
 
-    def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
+    def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
         def run(cur: Cursor) -> ClaimResult:
             due = self._due(cur, spec)
             spent = [r["id"] for r in due if r["attempts"] >= spec.max_attempts]
             live = [r for r in due if r["attempts"] < spec.max_attempts]
             if spent:
-                self._exec(cur, self.Q.message_bury_ids, {"ids": self._ids(spent)})
+                self._exec(cur, self.Q.message_dead_letter_ids, {"ids": self._ids(spent)})
                 self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids(spent)})
             if not live:
                 return ClaimResult([], len(spent))
@@ -314,7 +314,7 @@ class SqlBackend(Backend):
         """Leases the live due rows (charging those flagged); returns them shaped, in order."""
         raise NotImplementedError
 
-    def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
+    def message_take(self, spec: ClaimSpec) -> ClaimResult:
         def run(cur: Cursor) -> ClaimResult:
             due = self._due(cur, spec)
             rows = self._take(cur, due) if due else []
@@ -329,13 +329,13 @@ class SqlBackend(Backend):
 
     # --- settling -----------------------------------------------------------------------------
 
-    def release(self, msg_id: int, lease: str, delay_s: float, error: str | None,
+    def message_release(self, msg_id: int, lease: str, delay_s: float, error: str | None,
                 penalty: bool, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error, "refund": 0 if penalty else 1,
                   **self._span("delay", delay_s)}
         return self._change(self.Q.message_release, params, conn) > 0
 
-    def extend(self, msg_id: int, lease: str, extend_s: float,
+    def message_extend(self, msg_id: int, lease: str, extend_s: float,
                progress_json: str | None) -> datetime | None:
         params = {"id": msg_id, "lease": lease, "progress": progress_json,
                   **self._span("extend", extend_s)}
@@ -348,7 +348,7 @@ class SqlBackend(Backend):
         else:
             yield from chunks(refs, self.refs_per_statement)
 
-    def charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_charge(self, refs: Sequence[tuple[int, str]], extend_s: float
                ) -> dict[int, tuple[int, datetime]]:
         def run(cur: Cursor) -> dict[int, tuple[int, datetime]]:
             out: dict[int, tuple[int, datetime]] = {}
@@ -359,7 +359,7 @@ class SqlBackend(Backend):
             return out
         return self.run(run)
 
-    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
                     ) -> dict[int, datetime]:
         def run(cur: Cursor) -> dict[int, datetime]:
             out: dict[int, datetime] = {}
@@ -370,7 +370,7 @@ class SqlBackend(Backend):
             return out
         return self.run(run)
 
-    def bury_taken(self, row: Row, error: str) -> None:
+    def message_dead_letter_taken(self, row: Row, error: str) -> None:
         self._change(self.Q.dead_insert, {**dead_row_values(row, self._db_time), "error": error})
 
     def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
@@ -378,17 +378,17 @@ class SqlBackend(Backend):
 
     # --- looking ------------------------------------------------------------------------------
 
-    def peek(self, topic: str, limit: int) -> list[Row]:
+    def message_peek(self, topic: str, limit: int) -> list[Row]:
         return self._shaped(self.Q.message_peek, {"topic": topic, "limit": limit})
 
-    def get(self, msg_id: int) -> Row | None:
+    def message_get(self, msg_id: int) -> Row | None:
         rows = self._shaped(self.Q.message_get, {"id": msg_id})
         return rows[0] if rows else None
 
-    def topics(self) -> list[str]:
+    def topic_list(self) -> list[str]:
         return [r["topic"] for r in self._read_all(self.Q.message_topics)]
 
-    def stats(self, topic: str | None) -> list[Row]:
+    def topic_stats(self, topic: str | None) -> list[Row]:
         def run(cur: Cursor) -> list[Row]:
             p = {"topic": topic}
             live = {r["topic"]: r for r in self._all(cur, self.Q.message_stats, p)}
@@ -398,7 +398,7 @@ class SqlBackend(Backend):
         # One read transaction so the three counts agree with each other.
         return self.run(run, tx=True, write=False)
 
-    def purge(self, topic: str) -> int:
+    def topic_purge(self, topic: str) -> int:
         return self._change(self.Q.message_purge, {"topic": topic})
 
     # --- dead letters -------------------------------------------------------------------------
@@ -421,7 +421,7 @@ class SqlBackend(Backend):
     # --- staged loads: the job row, then the dialect's rows (dialects with a stage table
     # for every row) -----------------------------------------------------------------------
 
-    def stage(self, job: str, part: int, batch: Sequence[NewMessage] | PayloadBatch) -> int:
+    def stage_write(self, job: str, part: int, batch: Sequence[NewMessage] | PayloadBatch) -> int:
         rows = as_rows(batch)
 
         def run(cur: Cursor) -> int:
@@ -441,7 +441,7 @@ class SqlBackend(Backend):
     def _stage_params(self, job: str, part: int, m: NewMessage) -> Params:
         return {**self._message_params(m), "job": job, "part": part}
 
-    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+    def stage_publish(self, job: str, parts: Sequence[int], on_duplicate: str,
                 expected: int | None = None) -> int | None:
         query = self.Q.stage_publish_replace if on_duplicate == "replace" else self.Q.stage_publish
 
@@ -468,7 +468,7 @@ class SqlBackend(Backend):
         self._exec(cur, self.Q.load_job_open, {"job": job})
         return str(self._value(cur, self.Q.load_job_lock, {"job": job}, "state"))
 
-    def discard(self, job: str) -> int:
+    def stage_discard(self, job: str) -> int:
         def run(cur: Cursor) -> int:
             state = self._job_lock(cur, job)
             n = self._discard_rows(cur, job)
@@ -484,9 +484,9 @@ class SqlBackend(Backend):
     def stage_cleanup(self, older_than_s: float) -> int:
         jobs = [r["job"] for r in self._read_all(self.Q.stage_stale_jobs,
                                                  self._span("older_than", older_than_s))]
-        return sum(self.discard(job) for job in jobs)
+        return sum(self.stage_discard(job) for job in jobs)
 
-    def job_state(self, job: str) -> str | None:
+    def stage_job_state(self, job: str) -> str | None:
         found = self._read_one(self.Q.load_job_state, {"job": job})
         return str(found["state"]) if found else None
 

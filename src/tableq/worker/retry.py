@@ -74,7 +74,7 @@ class Decision:
 def decide(*, succeeded: bool, attempts: int, max_attempts: int, backoff: Backoff,
            error: str | None, rng: random.Random | None = None) -> Decision:
     """Ack a success; retry a failure after the backoff delay; dead-letter a failure that used
-    the last allowed attempt (so a poison message is buried after exactly max_attempts
+    the last allowed attempt (so a poison message is dead-lettered after exactly max_attempts
     deliveries, with its error, instead of waiting for one more receive)."""
     if succeeded:
         return Decision("ack")

@@ -205,7 +205,7 @@ class MySQLBackend(SqlBackend):
         collation = "utf8mb4_nopad_bin" if self.mariadb else "utf8mb4_0900_bin"
         return load_migrations(__package__, "{p}", self.prefix, names={"{bin}": collation})
 
-    def known_migrations(self) -> set[int]:
+    def migrations_known(self) -> set[int]:
         # The versions only: no need to ask the server which collation it speaks.
         return {m.version for m in load_migrations(__package__, "{p}", self.prefix)}
 
@@ -263,7 +263,7 @@ class MySQLBackend(SqlBackend):
         self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids([r["id"] for r in due])})
         return [self._row(r) for r in due]
 
-    def ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
         if len(refs) == 1 and not retain:  # the common case: one statement, no transaction
             msg_id, lease = refs[0]
             n = self._change(self.Q.message_ack_one, {"id": msg_id, "lease": lease}, conn)
@@ -275,13 +275,13 @@ class MySQLBackend(SqlBackend):
                 ids = [r["id"] for r in self._all(cur, self.Q.message_held, self._refs(part))]
                 if ids:
                     if retain:
-                        self._exec(cur, self.Q.message_archive, {"ids": self._ids(ids)})
+                        self._exec(cur, self.Q.done_insert, {"ids": self._ids(ids)})
                     self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids(ids)})
                     held.update(ids)
             return held
         return self.run(run, conn, tx=True)
 
-    def charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_charge(self, refs: Sequence[tuple[int, str]], extend_s: float
                ) -> dict[int, tuple[int, datetime]]:
         def run(cur: Cursor) -> dict[int, tuple[int, datetime]]:
             out: dict[int, tuple[int, datetime]] = {}
@@ -293,7 +293,7 @@ class MySQLBackend(SqlBackend):
             return out
         return self.run(run, tx=True)
 
-    def extend(self, msg_id: int, lease: str, extend_s: float,
+    def message_extend(self, msg_id: int, lease: str, extend_s: float,
                progress_json: str | None) -> datetime | None:
         params = {"id": msg_id, "lease": lease, "progress": progress_json,
                   **self._span("extend", extend_s)}
@@ -304,7 +304,7 @@ class MySQLBackend(SqlBackend):
             return self._to_time(found["available_at"]) if found else None
         return self.run(run, tx=True)
 
-    def extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
                     ) -> dict[int, datetime]:
         def run(cur: Cursor) -> dict[int, datetime]:
             out: dict[int, datetime] = {}
@@ -318,7 +318,7 @@ class MySQLBackend(SqlBackend):
             return out
         return self.run(run, tx=True)
 
-    def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
+    def message_dead_letter(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error}
 
         def run(cur: Cursor) -> bool:
@@ -326,7 +326,7 @@ class MySQLBackend(SqlBackend):
             # delete, leaving it both dead and in flight.
             if self._one(cur, self.Q.message_lock_leased, params) is None:
                 return False
-            self._exec(cur, self.Q.message_bury, params)
+            self._exec(cur, self.Q.message_dead_letter, params)
             self._exec(cur, self.Q.message_ack_one, params)
             return True
         return self.run(run, conn, tx=True)
@@ -366,7 +366,7 @@ class MySQLBackend(SqlBackend):
                 return self._exec(cur, self.Q.lease_ack, p)
             held = len(self._all(cur, self.Q.lease_lock, p))
             if held:
-                self._exec(cur, self.Q.lease_archive, p)
+                self._exec(cur, self.Q.done_insert_lease, p)
                 self._exec(cur, self.Q.lease_ack, p)
             return held
         return self.run(run, tx=True)

@@ -160,7 +160,7 @@ WHERE (id, lease) IN %(refs)s;
 -- name: message_charged :many
 SELECT id, attempts, available_at FROM {p}message WHERE (id, lease) IN %(refs)s;
 
--- name: message_bury_ids :exec
+-- name: message_dead_letter_ids :exec
 INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
@@ -175,7 +175,7 @@ DELETE FROM {p}message WHERE id IN %(ids)s;
 -- Which of these deliveries still hold their lease; locks them until the transaction ends.
 SELECT id FROM {p}message WHERE (id, lease) IN %(refs)s FOR UPDATE;
 
--- name: message_archive :exec
+-- name: done_insert :exec
 -- Run on rows already locked (FOR UPDATE): they cannot change between this copy and the delete.
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
@@ -217,7 +217,7 @@ SELECT id FROM {p}message WHERE id = %(id)s AND lease = %(lease)s FOR UPDATE;
 SELECT id FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s FOR UPDATE;
 
 -- name: done_match :many
--- Acks whose earlier attempt committed (its reply was lost): the archive still has them.
+-- Acks whose earlier attempt committed (its reply was lost): the done table still has them.
 SELECT id FROM {p}done WHERE (id, lease) IN %(refs)s;
 
 -- name: dead_insert :exec
@@ -227,7 +227,7 @@ VALUES (%(id)s, %(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(
         %(priority)s, %(attempts)s, %(created_at)s, %(first_available_at)s, %(received_at)s,
         %(error)s, UTC_TIMESTAMP(6));
 
--- name: message_bury :exec
+-- name: message_dead_letter :exec
 INSERT INTO {p}dead (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)
 SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
@@ -298,7 +298,7 @@ DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
 SELECT * FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s AND MOD(id, %(n)s) = %(k)s
 ORDER BY priority DESC, id;
 
--- name: lease_archive :exec
+-- name: done_insert_lease :exec
 -- Run on rows already locked (lease_lock): they cannot change between this copy and the delete.
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)

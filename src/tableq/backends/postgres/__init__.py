@@ -248,7 +248,7 @@ class PostgresBackend(SqlBackend):
 
     # --- sending --------------------------------------------------------------------------
 
-    def insert(self, rows: Sequence[NewMessage], on_duplicate: str,
+    def message_insert(self, rows: Sequence[NewMessage], on_duplicate: str,
                conn: Any = None) -> list[tuple[int, str]]:
         query = {"ignore": self.Q.message_insert_ignore, "replace": self.Q.message_insert_replace,
                  "error": self.Q.message_insert}[on_duplicate]
@@ -333,18 +333,18 @@ class PostgresBackend(SqlBackend):
                       charge_last=spec.charge_last)
         return sql, params
 
-    def claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
+    def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
         # A filtered claim has no ids-only twin: it returns whole rows, of which the ids are kept.
         plain = self.Q.message_claim_ids if spec.ids_only else self.Q.message_claim
         sql, params = self._claim_params(plain, self.Q.message_claim_where, spec)
         raw = self.run(lambda cur: self._all(cur, sql, params), conn)
-        buried = int(raw[0]["buried"]) if raw else 0
+        dead_lettered = int(raw[0]["dead_lettered"]) if raw else 0
         leased = [r for r in raw if r["id"] is not None]
         if spec.ids_only:
-            return ClaimResult([{"id": r["id"]} for r in leased], buried)
-        return ClaimResult([self._row(r) for r in leased], buried)
+            return ClaimResult([{"id": r["id"]} for r in leased], dead_lettered)
+        return ClaimResult([self._row(r) for r in leased], dead_lettered)
 
-    def claim_delete(self, spec: ClaimSpec) -> ClaimResult:
+    def message_take(self, spec: ClaimSpec) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, self.Q.message_take_where, spec)
         raw = self.run(lambda cur: self._all(cur, sql, params))
         rows = sorted((self._row(r) for r in raw),
@@ -353,14 +353,14 @@ class PostgresBackend(SqlBackend):
             r["attempts"] += 1
         return ClaimResult(rows, 0)
 
-    def ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
         query = self.Q.message_ack_retain if retain else self.Q.message_ack
         return self.run(lambda cur: {r["id"] for r in self._all(cur, query, self._refs(refs))},
                         conn)
 
-    def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
+    def message_dead_letter(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error}
-        return self.run(lambda cur: self._one(cur, self.Q.message_bury, params) is not None,
+        return self.run(lambda cur: self._one(cur, self.Q.message_dead_letter, params) is not None,
                         conn)
 
     # --- dead letters -----------------------------------------------------------------------
@@ -377,7 +377,7 @@ class PostgresBackend(SqlBackend):
 
     # --- staged loads (Spark sink) ------------------------------------------------------------
 
-    def stage(self, job: str, part: int, batch: Sequence[NewMessage] | PayloadBatch) -> int:
+    def stage_write(self, job: str, part: int, batch: Sequence[NewMessage] | PayloadBatch) -> int:
         """Unkeyed rows are copied straight into the message table under an open load part
         (invisible to every reader until publish flips the part); keyed rows go to the stage
         table, where publish arbitrates their keys against the live ones."""
@@ -437,7 +437,7 @@ class PostgresBackend(SqlBackend):
                     copy.write_row((topic, m.kind, m.json_text, m.data, m.headers_json,
                                     m.priority, load_part, due, due))
 
-    def publish(self, job: str, parts: Sequence[int], on_duplicate: str,
+    def stage_publish(self, job: str, parts: Sequence[int], on_duplicate: str,
                 expected: int | None = None) -> int | None:
         query = self.Q.stage_publish_replace if on_duplicate == "replace" else self.Q.stage_publish
 

@@ -155,7 +155,7 @@ JOIN unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
 -- name: message_claim :many
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
 -- Rows already received max_attempts times go to the dead-letter store instead; the final
--- LEFT JOIN returns one row even when nothing was leased, to carry the buried count.
+-- LEFT JOIN returns one row even when nothing was leased, to carry the dead-lettered count.
 WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
     WHERE topic = %(topic)s AND available_at <= statement_timestamp()
@@ -167,7 +167,7 @@ WITH due AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
     RETURNING m.*
-), buried AS (
+), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
                                attempts, created_at, first_available_at, received_at, error,
                                dead_at)
@@ -198,8 +198,8 @@ WITH due AS (
     RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
               ranked.charged
 )
-SELECT l.*, b.buried
-FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
+SELECT l.*, b.dead_lettered
+FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l ON true
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 
 -- name: message_claim_where :many
@@ -223,7 +223,7 @@ WITH due AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
     RETURNING m.*
-), buried AS (
+), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
                                attempts, created_at, first_available_at, received_at, error,
                                dead_at)
@@ -254,8 +254,8 @@ WITH due AS (
     RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
               ranked.charged
 )
-SELECT l.*, b.buried
-FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
+SELECT l.*, b.dead_lettered
+FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l ON true
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 
 -- name: message_claim_ids :many
@@ -263,7 +263,7 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 -- lease: the Spark source), so 10k-row leases do not carry their payloads back.
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
 -- Rows already received max_attempts times go to the dead-letter store instead; the final
--- LEFT JOIN returns one row even when nothing was leased, to carry the buried count.
+-- LEFT JOIN returns one row even when nothing was leased, to carry the dead-lettered count.
 WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
     WHERE topic = %(topic)s AND available_at <= statement_timestamp()
@@ -275,7 +275,7 @@ WITH due AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
     RETURNING m.*
-), buried AS (
+), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
                                attempts, created_at, first_available_at, received_at, error,
                                dead_at)
@@ -306,8 +306,8 @@ WITH due AS (
     RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
               ranked.charged
 )
-SELECT l.id, b.buried
-FROM (SELECT count(*) AS buried FROM buried) b LEFT JOIN leased l ON true
+SELECT l.id, b.dead_lettered
+FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l ON true
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 
 -- name: message_take :many
@@ -394,7 +394,7 @@ WHERE m.id = a.id AND m.lease = a.lease
 RETURNING m.id, m.available_at;
 
 -- name: done_match :many
--- Acks whose earlier attempt committed (its reply was lost): the archive still has them.
+-- Acks whose earlier attempt committed (its reply was lost): the done table still has them.
 SELECT d.id FROM {schema}.done d
 JOIN unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
   ON d.id = a.id AND d.lease = a.lease;
@@ -406,7 +406,7 @@ VALUES (%(id)s, %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(payload_byte
         %(headers)s::jsonb, %(priority)s, %(attempts)s, %(created_at)s, %(first_available_at)s,
         %(received_at)s, %(error)s, statement_timestamp());
 
--- name: message_bury :one
+-- name: message_dead_letter :one
 WITH gone AS (
     DELETE FROM {schema}.message WHERE id = %(id)s AND lease = %(lease)s RETURNING *
 )

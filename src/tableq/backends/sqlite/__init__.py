@@ -189,21 +189,21 @@ class SQLiteBackend(SqlBackend):
         raw = self._all(cur, self.Q.message_take, {"ids": self._ids(ids)})
         return _in_order(ids, [self._row(r) for r in raw])
 
-    def ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
         def run(c: Cursor) -> set[int]:
             done: set[int] = set()
             for part in chunks(refs, REFS_PER_STATEMENT):
                 p = self._refs(part)
                 if retain:
-                    self._exec(c, self.Q.message_archive, p)
+                    self._exec(c, self.Q.done_insert, p)
                 done.update(r["id"] for r in self._all(c, self.Q.message_ack, p))
             return done
         return self.run(run, conn)
 
-    def bury(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
+    def message_dead_letter(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         def run(c: Cursor) -> bool:
             params = {"id": msg_id, "lease": lease, "error": error}
-            self._exec(c, self.Q.message_bury, params)
+            self._exec(c, self.Q.message_dead_letter, params)
             return self._one(c, self.Q.message_ack_one, params) is not None
         return self.run(run, conn)
 
@@ -223,7 +223,7 @@ class SQLiteBackend(SqlBackend):
         def run(c: Cursor) -> int:
             p = group.params()
             if retain:
-                self._exec(c, self.Q.lease_archive, p)
+                self._exec(c, self.Q.done_insert_lease, p)
             return self._exec(c, self.Q.lease_ack, p)
         return self.run(run)
 

@@ -127,7 +127,7 @@ RETURNING *;
 -- name: message_take :many
 DELETE FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids)) RETURNING *;
 
--- name: message_bury_ids :exec
+-- name: message_dead_letter_ids :exec
 INSERT INTO {p}dead (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)
 SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
@@ -139,7 +139,7 @@ FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids));
 -- name: message_delete_ids :exec
 DELETE FROM {p}message WHERE id IN (SELECT value FROM json_each(:ids));
 
--- name: message_archive :exec
+-- name: done_insert :exec
 -- refs is a JSON array of [id, lease] pairs.
 INSERT INTO {p}done (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
@@ -183,7 +183,7 @@ WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs))
 RETURNING id, available_at;
 
 -- name: done_match :many
--- Acks whose earlier attempt committed (its reply was lost): the archive still has them.
+-- Acks whose earlier attempt committed (its reply was lost): the done table still has them.
 SELECT id FROM {p}done
 WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs));
 
@@ -194,7 +194,7 @@ VALUES (:id, :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority,
         :created_at, :first_available_at, :received_at, :error,
         (julianday('now') - 2440587.5) * 86400.0);
 
--- name: message_bury :exec
+-- name: message_dead_letter :exec
 INSERT INTO {p}dead (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, error, dead_at)
 SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
@@ -262,7 +262,7 @@ WHERE topic = :topic AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:id
 SELECT * FROM {p}message WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease AND id % :n = :k
 ORDER BY priority DESC, id;
 
--- name: lease_archive :exec
+-- name: done_insert_lease :exec
 INSERT INTO {p}done (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
 SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
