@@ -449,7 +449,8 @@ class Queue:
             payload = self._kinds.decode(row.get("kind"), row["payload"])
         except PayloadInvalid as exc:
             # A payload its kind rejects is poison: dead-letter it instead of redelivering.
-            self._backend.message_dead_letter(row["id"], row["lease"], f"undecodable payload: {exc}", conn)
+            self._backend.message_dead_letter(row["id"], row["lease"],
+                                              f"undecodable payload: {exc}", conn)
             return None
         return self._message({**row, "payload": payload}, tx)
 
@@ -492,7 +493,8 @@ class Queue:
         refs = [self._leased(m, "charge") for m in msgs]
         if not refs:
             return []
-        done = self._backend.message_charge(refs, seconds("extend", extend, self.visibility_timeout_s))
+        done = self._backend.message_charge(
+            refs, seconds("extend", extend, self.visibility_timeout_s))
         return [_replace(m, attempts=done[m.id][0], available_at=done[m.id][1])
                 for m in msgs if m.id in done]
 
@@ -514,8 +516,8 @@ class Queue:
         return msg.id, check_token(msg.lease)
 
     def ack(self, msg: Message, *, connection: Any = None) -> None:
-        """Removes the message (keeps it in the done table with retention=True) if this delivery still holds
-        its lease; otherwise raises LeaseLost and changes nothing."""
+        """Removes the message (keeps it in the done table with retention=True) if this
+        delivery still holds its lease; otherwise raises LeaseLost and changes nothing."""
         self.ack_many([msg], connection=connection)
 
     def ack_many(self, msgs: Sequence[Message], *, connection: Any = None) -> None:
@@ -550,7 +552,8 @@ class Queue:
         msg_id, lease = self._leased(msg, action)
         if error is not None:
             error = error_text(error)
-        if not self._backend.message_release(msg_id, lease, seconds("delay", delay, 0.0), error, penalty):
+        if not self._backend.message_release(msg_id, lease, seconds("delay", delay, 0.0), error,
+                                             penalty):
             raise LeaseLost(msg.topic, msg.id, action)
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,

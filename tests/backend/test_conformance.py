@@ -159,8 +159,8 @@ def test_peek_topics_stats_purge(backend: Backend) -> None:
 def test_delay_and_at_are_database_time(backend: Backend) -> None:
     now = backend.now()
     # `at` makes a round trip through Python (microseconds), so it sits clear of the step.
-    backend.message_insert([msg({"n": 1}, delay_s=10), msg({"n": 2}, at=now + timedelta(seconds=4.5))],
-                   "error")
+    backend.message_insert([msg({"n": 1}, delay_s=10),
+                            msg({"n": 2}, at=now + timedelta(seconds=4.5))], "error")
     assert backend.message_claim(spec()).rows == []
     backend.advance_clock(5)
     assert [r["payload"]["n"] for r in backend.message_claim(spec()).rows] == [2]
@@ -249,7 +249,8 @@ def test_claim_filter_compares_json_fields_by_type_and_value(backend: Backend) -
     assert pick(("v", 2.5), ("u", 8)) == []
     assert pick(("w", None)) == []
     assert pick(("t", "missing"), ("v", None)) == []
-    assert len(backend.message_claim(spec(100, where=Filter(None, None, ()))).rows) == len(everything)
+    everyone = backend.message_claim(spec(100, where=Filter(None, None, ()))).rows
+    assert len(everyone) == len(everything)
 
 
 def test_release_with_and_without_penalty(backend: Backend) -> None:
@@ -330,7 +331,7 @@ def test_bury_requeue_and_purge_dead_letters(backend: Backend) -> None:
         assert backend.message_dead_letter(r["id"], r["lease"], f"bad {r['payload']['n']}") is True
     assert [d["error"] for d in backend.dead_list(T, 10)] == ["bad 1", "bad 2", "bad 3"]
     assert backend.topic_stats(T)[0]["dead"] == 3
-    backend.message_insert([msg({"n": 9}, key="a")], "error")  # the key is live again: it stays dead
+    backend.message_insert([msg({"n": 9}, key="a")], "error")  # the key is live again; dead stays
     assert backend.dead_requeue(T, [rows[0]["id"], rows[1]["id"]]) == 1
     assert backend.message_get(rows[1]["id"])["attempts"] == 0  # type: ignore[index]
     assert backend.dead_purge(T, [rows[2]["id"]]) == 1

@@ -221,7 +221,8 @@ class Backend(ABC):
     def message_take(self, spec: ClaimSpec) -> ClaimResult:
         """At-most-once: remove up to spec.max due messages and return them."""
     @abstractmethod
-    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
+                    conn: Any = None) -> set[int]:
         """Removes (or archives) messages still held under (id, lease); returns the ids done."""
     @abstractmethod
     def message_release(
@@ -238,10 +239,12 @@ class Backend(ABC):
         self, msg_id: int, lease: str, extend_s: float, progress_json: str | None
     ) -> datetime | None: ...
     @abstractmethod
-    def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float) -> dict[int, datetime]:
+    def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
+                            ) -> dict[int, datetime]:
         """Extends the leases still held under (id, lease); returns {id: new expiry}."""
     @abstractmethod
-    def message_dead_letter(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool: ...
+    def message_dead_letter(self, msg_id: int, lease: str, error: str,
+                            conn: Any = None) -> bool: ...
     @abstractmethod
     def message_dead_letter_taken(self, row: Row, error: str) -> None:
         """Puts a message already removed from the queue (at-most-once) into the dead-letter
@@ -278,7 +281,8 @@ class Backend(ABC):
 
     # --- staged bulk loads (the Spark sink): invisible until published, all at once
     @abstractmethod
-    def stage_write(self, job: str, part: int, rows: Sequence[NewMessage] | PayloadBatch) -> int: ...
+    def stage_write(self, job: str, part: int,
+                    rows: Sequence[NewMessage] | PayloadBatch) -> int: ...
     @abstractmethod
     def stage_publish(self, job: str, parts: Sequence[int], on_duplicate: str,
                 expected: int | None = None) -> int | None:

@@ -263,7 +263,8 @@ class MySQLBackend(SqlBackend):
         self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids([r["id"] for r in due])})
         return [self._row(r) for r in due]
 
-    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
+                    conn: Any = None) -> set[int]:
         if len(refs) == 1 and not retain:  # the common case: one statement, no transaction
             msg_id, lease = refs[0]
             n = self._change(self.Q.message_ack_one, {"id": msg_id, "lease": lease}, conn)

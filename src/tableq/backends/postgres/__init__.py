@@ -353,7 +353,8 @@ class PostgresBackend(SqlBackend):
             r["attempts"] += 1
         return ClaimResult(rows, 0)
 
-    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
+                    conn: Any = None) -> set[int]:
         query = self.Q.message_ack_retain if retain else self.Q.message_ack
         return self.run(lambda cur: {r["id"] for r in self._all(cur, query, self._refs(refs))},
                         conn)

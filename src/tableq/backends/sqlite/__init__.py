@@ -189,7 +189,8 @@ class SQLiteBackend(SqlBackend):
         raw = self._all(cur, self.Q.message_take, {"ids": self._ids(ids)})
         return _in_order(ids, [self._row(r) for r in raw])
 
-    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool, conn: Any = None) -> set[int]:
+    def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
+                    conn: Any = None) -> set[int]:
         def run(c: Cursor) -> set[int]:
             done: set[int] = set()
             for part in chunks(refs, REFS_PER_STATEMENT):
