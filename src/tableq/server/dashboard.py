@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from tableq.doctor import Finding, diagnose
 from tableq.errors import AuthenticationFailed, TableqError
 from tableq.look import charts, environment, fmt_age, fmt_number
 from tableq.server.api import authenticate
@@ -131,12 +132,8 @@ async def logout(request: Request) -> Response:
 # --- pages --------------------------------------------------------------------------------------
 
 
-def _findings(st: ServerState) -> tuple[list[Any], str | None]:
-    """tableq doctor's findings, when this tableq has it (cached for a while)."""
-    try:
-        from tableq.doctor import diagnose  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return [], "no health checks are available in this version of tableq"
+def _findings(st: ServerState) -> tuple[list[Finding], str | None]:
+    """tableq doctor's findings (cached for a while)."""
     now = time.monotonic()
     cached = st.doctor_cache
     if cached is not None and now - cached[0] < DOCTOR_CACHE_S:
