@@ -14,6 +14,7 @@ Sizes come from the environment, so the long tier runs the same tests bigger:
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -358,7 +359,9 @@ class Producer(threading.Thread):
         self.db, self.topics, self.n, self.batch = db, list(topics), n, batch
         self.first = first  # values are <topic>-<first> .. <topic>-<first + n - 1>
         self.history = History(history_path, "producer")
-        self.pause_s = duration_s / max(1, n * len(self.topics) / batch)
+        # One round sends a batch to every topic; rounds are paced on a schedule, so the
+        # time the sends take does not add up (nor does a topic count as a round of its own).
+        self.interval_s = duration_s / max(1, math.ceil(n / batch))
         self.failed = 0
         self.error: BaseException | None = None
         self._halt = threading.Event()
@@ -371,14 +374,15 @@ class Producer(threading.Thread):
         try:
             q = self.db.queue()
             try:
-                for start in range(0, self.n, self.batch):
+                began = time.monotonic()
+                for k, start in enumerate(range(0, self.n, self.batch)):
                     if self._halt.is_set():
                         break
                     for topic in self.topics:
                         values = [f"{topic}-{self.first + i}"
                                   for i in range(start, min(self.n, start + self.batch))]
                         self._send(q, topic, values)
-                    time.sleep(self.pause_s)
+                    time.sleep(max(0.0, began + (k + 1) * self.interval_s - time.monotonic()))
             finally:
                 q.close()
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test via .error
