@@ -2,7 +2,7 @@
 names the points and holds no fault code: a point does nothing unless a hook is installed.
 Spark runs the data source in Python processes of its own (planner runners and workers), so a
 hook is named by the TABLEQ_SPARK_TEST_HOOKS environment variable, "module:function" or
-"/path/to/file.py:function", and loaded once per process; the hook is called as
+"/path/to/file.py:function", and loaded once in each process; the hook is called as
 hook(point, **context) and may raise or end the process."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from typing import Any
 ENV = "TABLEQ_SPARK_TEST_HOOKS"
 Hook = Callable[..., None]
 
-# (pid, hook): Spark forks its Python workers, so a hook loaded in a parent is re-read.
-_loaded: tuple[int, Hook | None] | None = None
+# (the variable's value, its hook): loaded again only when the variable changes.
+_loaded: tuple[str | None, Hook | None] = (None, None)
 
 
 def point(name: str, **context: Any) -> None:
     """Calls the installed hook at point `name`; does nothing when none is installed."""
     global _loaded
-    if _loaded is None or _loaded[0] != os.getpid():
-        spec = os.environ.get(ENV)
-        _loaded = (os.getpid(), _load(spec) if spec else None)
+    spec = os.environ.get(ENV) or None
+    if spec != _loaded[0]:
+        _loaded = (spec, _load(spec) if spec else None)
     hook = _loaded[1]
     if hook is not None:
         hook(name, **context)
