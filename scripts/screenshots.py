@@ -69,7 +69,7 @@ def main(out: str) -> None:
             page.screenshot(path=f"{out}/dashboard-topic.png", full_page=False)
             if "--report" in sys.argv:
                 # The Spark report of the same queue, in the same look.
-                from tableq.spark.report import report
+                from tableq.spark.pipelines.report import report
                 from tableq.spark.session import get_session
 
                 spark = get_session("local[2]", app_name="tableq-screenshots")

@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -28,6 +29,26 @@ from tableq.url import redact
 
 console = Console()
 TOPIC = "jobs"
+# What main() writes under --out; it empties --out first, so anything else there is not ours
+# to delete.
+OUTPUTS = frozenset({"tableq.db", "tableq.db-wal", "tableq.db-shm", "archive", "report.html"})
+
+
+def out_dir_problem(out: str) -> str | None:
+    """Why `out` must not be the demo's --out, or None: main() removes --out before it starts,
+    so a file, or a directory holding files the demo did not write (such as '.' or a home
+    directory), is refused by `tableq demo`."""
+    path = Path(out)
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return f"{out!r} is a file, not a directory"
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in OUTPUTS)
+    if foreign:
+        return (f"{out!r} holds files the demo did not write ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}) and the demo empties it first; pick a "
+                "new or empty directory")
+    return None
 
 
 def stats_table(q: tableq.Queue, title: str) -> Table:
@@ -65,7 +86,7 @@ def start_spark(master: str | None) -> Any:
 
 
 def load_with_spark(spark: Any, url: str, jobs: int) -> None:
-    from tableq.spark import load
+    from tableq.spark.pipelines import load
 
     console.rule("[bold]1. Spark bulk-loads the jobs (staged, published in one commit)")
     with _progress() as bar:
@@ -138,8 +159,8 @@ def process(url: str, concurrency: int) -> None:
 
 
 def archive_and_report(spark: Any, url: str, out: str) -> None:
-    from tableq.spark.archive import archive
-    from tableq.spark.report import report
+    from tableq.spark.pipelines.archive import archive
+    from tableq.spark.pipelines.report import report
 
     console.rule("[bold]3. archive: done and dead messages to Parquet, then purged")
     t0 = time.perf_counter()

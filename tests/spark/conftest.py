@@ -16,6 +16,8 @@ import pytest
 
 from tableq.testing import wait_until
 
+from ._faults import hook_env
+
 HERE = Path(__file__).resolve().parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SPARK_CONF = {
@@ -59,6 +61,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     require_java()
     _spark_env()
+    # Before the JVM starts: Spark's Python workers inherit the hook (see _faults.injected).
+    os.environ.update(hook_env(tmp_path_factory.mktemp("faults") / "fault"))
     from pyspark.sql import SparkSession
 
     import tableq.spark

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 import tableq
-from tableq.spark import archive as archive_mod
-from tableq.spark.archive import archive
-from tableq.spark.load import load_file, load_jobs
+from tableq.spark.pipelines.archive import archive
+from tableq.spark.pipelines.load import load_file, load_jobs
+from tableq.spark.pipelines.report import compute, report
 from tableq.spark.pipelines.requeue import requeue
-from tableq.spark.report import compute, report
+
+from ._faults import injected
 
 
 def test_requeue_routes_and_sorts(spark, any_url: str, tmp_path: Path) -> None:
@@ -62,8 +63,9 @@ def test_archive_is_idempotent_after_a_crash_between_write_and_purge(
     out = str(tmp_path / "archive")
     before = {s.topic: (s.done, s.dead) for s in q.stats()}
     assert before == {"a": (30, 10), "b": (7, 3)}
-    with pytest.raises(archive_mod._Crash):
-        archive(spark, url, out, older_than=0, _crash_after="write")
+    with pytest.raises(RuntimeError, match="crash injected after writing done"), \
+            injected("archive-crash-after-write"):
+        archive(spark, url, out, older_than=0)
     # Crashed after the done rows were written, before they were purged.
     assert {s.topic: (s.done, s.dead) for s in q.stats()} == before
     q.send("a", {"i": "new"})
@@ -166,11 +168,10 @@ def test_load_files(spark, tmp_path: Path) -> None:
 
 
 def test_demo_steps_compose(spark, tmp_path: Path) -> None:
-    from tableq.spark.steps import spark_archive, spark_load_jobs, spark_report
-
+    """The demo's story (tableq.demo) through the pipelines: load, handle, archive, report."""
     url = f"sqlite:///{tmp_path}/demo.db"
     q = tableq.connect(url, migrate=True, retention=True, max_attempts=3)
-    assert spark_load_jobs(url, 2000, spark=spark, poison_every=500).rows == 2000
+    assert load_jobs(spark, url, "jobs", 2000, poison_every=500).rows == 2000
     while batch := q.receive("jobs", max=500, visibility_timeout=0):
         for m in batch:
             if m.payload["poison"] or m.attempts <= m.payload["fail_times"]:
@@ -179,10 +180,10 @@ def test_demo_steps_compose(spark, tmp_path: Path) -> None:
                 q.ack(m)
     s = q.stats("jobs")[0]
     assert (s.ready, s.done, s.dead) == (0, 1996, 4)
-    res = spark_archive(url, str(tmp_path / "arch"), spark=spark)
+    res = archive(spark, url, str(tmp_path / "arch"), older_than=0.0)
     assert res.written == {"done": 1996, "dead": 4} == res.purged
-    rep = spark_report(url, str(tmp_path / "r.html"), archive_path=str(tmp_path / "arch"),
-                       spark=spark)
+    rep = report(spark, url, html_path=str(tmp_path / "r.html"),
+                 archive_path=str(tmp_path / "arch"), bucket="10 seconds")
     row = rep.summary.set_index("topic").loc["jobs"]
     assert (row.done, row.dead) == (1996, 4)
     # 200 jobs failed once (fail_every=10) and 4 are poison: (200 - poison among them + 4)

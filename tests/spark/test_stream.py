@@ -21,6 +21,7 @@ import tableq
 from tableq.bulk import Bulk
 from tableq.testing import wait_until
 
+from ._faults import hook_env
 from .conftest import HERE, child_env, kill_driver
 
 N_STREAM = int(os.environ.get("TABLEQ_FAULT_SPARK_N", "150"))  # 10 micro-batches of 15
@@ -62,11 +63,14 @@ def test_max_rows_and_bad_stream_options(spark, tmp_path: Path) -> None:
 
 def _child(url: str, checkpoint: Path, log: Path, fault: str = "") -> subprocess.Popen[bytes]:
     """A Spark driver running a -> b until it is killed (or dies at its fault point)."""
+    fault_file = log.with_name("child-fault")
+    fault_file.write_text(fault)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, str(HERE / "_stream_child.py"), url, str(checkpoint), "run",
-             str(BATCH), fault],
-            stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+             str(BATCH)],
+            stdout=out, stderr=subprocess.STDOUT, env={**child_env(), **hook_env(fault_file)},
+            start_new_session=True)
 
 
 def _restart_and_drain(spark, url: str, checkpoint: Path) -> None:  # type: ignore[no-untyped-def]
@@ -116,6 +120,9 @@ def _dies(child: subprocess.Popen[bytes], log: Path, fault: str) -> None:
         kill_driver(child)
         raise AssertionError(f"{fault}: the driver never reached its fault point") from None
     assert code != 0, f"{fault}: the driver exited cleanly\n" + log.read_text()[-3000:]
+    fired = log.with_name("child-fault.fired")  # written by _faults.hook as it strikes
+    assert fired.exists(), f"{fault}: the driver died elsewhere\n" + log.read_text()[-3000:]
+    fired.unlink()
 
 
 @pytest.mark.slow
@@ -155,7 +162,7 @@ def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: s
     # logged batch L (replayed if it was not committed, which leases nothing), the next fresh
     # lease is sequence L + 2: die there or one batch later.
     claim = f"exit-after-claim:{_last_batch(ck) + 1 + rng.randint(1, 2)}"
-    # The fault ends the Python process that runs the source (os._exit), so the query fails
+    # The fault (_faults.py) ends the Python process that runs the source, so the query fails
     # at that point as if its driver had died: nothing after it reaches Spark's logs.
     _dies(_child(url, ck, log, fault=claim), log, claim)
     orphaned = q.stats("a")[0].in_flight

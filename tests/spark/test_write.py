@@ -14,6 +14,8 @@ import tableq
 from tableq.bulk import Bulk
 from tableq.testing import wait_until
 
+from ._faults import injected
+
 
 def _save(df, url: str, topic: str | None = "jobs", **options: str) -> None:  # type: ignore[no-untyped-def]
     w = df.write.format("tableq").option("url", url).mode("append")
@@ -114,7 +116,8 @@ def test_task_failing_after_staging_is_retried_and_published_once(spark, any_url
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
     try:
         df = spark.range(0, 1000, 1, 2).select(F.struct(F.col("id").alias("n")).alias("payload"))
-        _save(df, any_url, jobId="fault-task", _fault="task")
+        with injected("task"):
+            _save(df, any_url, jobId="fault-task")
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     # Attempt 0 of partition 1 staged 100 rows and failed; only attempt 1 was published.
@@ -157,7 +160,8 @@ def test_commit_failure_aborts(spark, any_url: str) -> None:
     q = tableq.connect(any_url, migrate=True)
     df = spark.range(0, 500, 1, 2).select(F.struct("id").alias("payload"))
     with pytest.raises(AnalysisException, match="fault injected into commit"):
-        _save(df, any_url, jobId="bad-commit", _fault="commit")
+        with injected("commit"):
+            _save(df, any_url, jobId="bad-commit")
     assert q.stats("jobs")[0].ready == 0
     assert Bulk(q).staged_job_state("bad-commit") == "aborted"
     # The same job id, run again without the fault, publishes once; a third run is a no-op.

@@ -63,7 +63,7 @@ def load(ctx: click.Context, url: str | None, master: str | None, path: str, top
     columns if present); otherwise each row becomes a JSON object payload."""
     url = _url(ctx, url)
     spark = _session(master, "tableq-load")
-    from tableq.spark.load import load_file
+    from tableq.spark.pipelines.load import load_file
 
     def show(done: int, total: int) -> None:
         click.echo(f"\rtasks {done}/{total}", nl=False, err=True)
@@ -114,7 +114,7 @@ def archive(ctx: click.Context, url: str | None, master: str | None, out: str,
     rerun after a crash: an unfinished run is resumed."""
     url = _url(ctx, url)
     spark = _session(master, "tableq-archive")
-    from tableq.spark.archive import archive as run
+    from tableq.spark.pipelines.archive import archive as run
 
     r = run(spark, url, out, older_than=older_than, purge_batch=purge_batch)
     click.echo(f"archive run {r.run}{' (resumed)' if r.resumed else ''}: cut-off "
@@ -139,7 +139,7 @@ def report(ctx: click.Context, url: str | None, master: str | None, html_path: s
     """Per topic: throughput, latency percentiles, attempts, failure and dead-letter rates."""
     url = _url(ctx, url)
     spark = _session(master, "tableq-report")
-    from tableq.spark.report import report as run
+    from tableq.spark.pipelines.report import report as run
 
     r = run(spark, url, html_path=html_path or None, archive_path=archive_path, topic=topic,
             bucket=bucket)

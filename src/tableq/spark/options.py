@@ -158,10 +158,6 @@ class WriteOptions(_HasURL):
     job_id: str | None
     stale_job_seconds: float
     sink_name: str | None
-    # Fault injection for tableq's own tests: "commit" raises in commit(); "task" fails the
-    # first attempt of partition 1 after it staged its first Arrow batch;
-    # "exit-after-publish:<batchId>" ends a stream sink's commit right after publishing.
-    fault: str | None
 
     @classmethod
     def parse(cls, opts: Mapping[str, str], columns: list[str] | None = None) -> WriteOptions:
@@ -182,7 +178,6 @@ class WriteOptions(_HasURL):
             job_id=job_id,
             stale_job_seconds=_float(opts, "staleJobSeconds", STALE_JOB_SECONDS_DEFAULT),
             sink_name=sink,
-            fault=_get(opts, "_fault"),
         )
 
 
@@ -221,9 +216,6 @@ class StreamOptions(_HasURL):
     num_partitions: int
     retention: bool
     max_attempts: int | None
-    # Fault injection for tableq's own tests: "exit-after-claim:<seq>" ends the driver's
-    # source process right after it leased batch <seq>, before Spark logged that offset.
-    fault: str | None = None
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> StreamOptions:
@@ -239,5 +231,4 @@ class StreamOptions(_HasURL):
             num_partitions=_int(opts, "numPartitions", 1, high=1000) or 1,
             retention=_bool(opts, "retention", False),
             max_attempts=_int(opts, "maxAttempts", None),
-            fault=_get(opts, "_fault"),
         )

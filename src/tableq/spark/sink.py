@@ -1,14 +1,14 @@
-"""The `tableq` sink: batch and streaming writes that stage rows invisibly and publish them in
-one transaction on the driver. No SQL here: staging, publishing and discarding are Queue
-methods; this module maps Spark columns to queue items and Spark's commit protocol to them."""
+"""The `tableq` sink: the batch and streaming writers (built here for the DataSource in
+source.py), which stage rows invisibly and publish them in one transaction on the driver. No
+SQL here: staging, publishing and discarding are Queue methods; this module maps Spark columns
+to queue items and Spark's commit protocol to them."""
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -46,6 +46,7 @@ from pyspark.sql.types import (
 from tableq.codecs import EncodedJson, JsonText
 from tableq.errors import InvalidArgument
 from tableq.spark._queues import bulk_for, ensure_kinds
+from tableq.spark._seam import point
 from tableq.spark.options import WRITE_COLUMNS, OptionError, WriteOptions
 
 log = logging.getLogger("tableq.spark")
@@ -301,11 +302,37 @@ def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: 
             # One short transaction per Arrow batch: staged rows are invisible anyway, and
             # SQLite's single writer lock is not held across a whole task.
             rows += q.stage_many(job, part, topic, items, on_duplicate=opts.on_duplicate)
-        if opts.fault == "task" and partition == 1 and ctx is not None \
-                and ctx.attemptNumber() == 0:
-            raise RuntimeError(f"fault injected into task attempt {part} after staging "
-                               f"{rows} rows (option _fault=task)")
+        # Staged but not reported to the driver: tests fail the task attempt here.
+        point("sink.task_staged", job=job, part=part, partition=partition, rows=rows,
+              attempt=ctx.attemptNumber() if ctx is not None else None)
     return StagedPart(job, part, partition, rows)
+
+
+def batch_writer(options: Mapping[str, str], schema: StructType,
+                 overwrite: bool) -> TableqWriter:
+    """DataSource.writer: checks the columns and options at planning, then drops the loads of
+    dead drivers (the janitor: neither commit nor abort ran) older than staleJobSeconds."""
+    _no_overwrite(overwrite)
+    plan = check_write_schema(schema)
+    opts = WriteOptions.parse(options, schema.fieldNames())
+    stale = bulk_for(opts.url).cleanup_staged(older_than=opts.stale_job_seconds)
+    if stale:
+        log.warning("tableq.stale_loads_dropped rows=%d", stale)
+    return TableqWriter(plan, opts)
+
+
+def stream_writer(options: Mapping[str, str], schema: StructType,
+                  overwrite: bool) -> TableqStreamWriter:
+    """DataSource.streamWriter: checks the columns and options when the query starts."""
+    _no_overwrite(overwrite)
+    plan = check_write_schema(schema)
+    return TableqStreamWriter(plan, WriteOptions.parse(options, schema.fieldNames()))
+
+
+def _no_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise OptionError("mode", "overwrite is not supported: a queue is only appended to; "
+                                  "use .mode('append')")
 
 
 def _parts(messages: list[Any]) -> list[int]:
@@ -324,8 +351,7 @@ class TableqWriter(DataSourceArrowWriter):
         return stage_task(self.plan, self.opts, self.job, iterator)
 
     def commit(self, messages: list[Any]) -> None:
-        if self.opts.fault == "commit":
-            raise RuntimeError("fault injected into commit() by option _fault=commit")
+        point("sink.commit", job=self.job)  # tests fail the commit here: Spark must abort
         parts = _parts(messages)
         started = time.perf_counter()
         staged = sum(m.rows for m in messages if isinstance(m, StagedPart))
@@ -380,8 +406,8 @@ class TableqStreamWriter(DataSourceStreamArrowWriter):
         n = bulk_for(self.opts.url).publish_staged(job, _parts(staged),
                                                    on_duplicate=self.opts.on_duplicate,
                                                    expected_rows=sum(m.rows for m in staged))
-        if self.opts.fault == f"exit-after-publish:{batchId}":
-            os._exit(3)  # as if the driver died here: published, but not in Spark's commit log
+        # Published, but not yet in Spark's commit log: tests kill the process here.
+        point("sink.stream_published", job=job, batch_id=batchId)
         if n is None:
             log.info("tableq.batch_replayed job=%s batch=%s", job, batchId)
         else:

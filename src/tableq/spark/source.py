@@ -1,12 +1,12 @@
-"""The `tableq` data source: options and schemas, the batch reader (snapshots of live messages,
-dead letters and the archive of done messages) and the lease-based stream reader. No SQL here:
-every database step is a Queue method; this module maps Spark's read protocols onto them."""
+"""The `tableq` data source: the DataSource (schemas; its writers come from sink.py), the batch
+reader (snapshots of live messages, dead letters and the archive of done messages) and the
+lease-based stream reader. No SQL here: every database step is a Queue method; this module
+maps Spark's read protocols onto them."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,8 +26,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from tableq.spark._queues import bulk_for, queue_for
-from tableq.spark.options import OptionError, ReadOptions, StreamOptions, WriteOptions
-from tableq.spark.sink import TableqStreamWriter, TableqWriter, check_write_schema
+from tableq.spark._seam import point
+from tableq.spark.options import ReadOptions, StreamOptions
+from tableq.spark.sink import TableqStreamWriter, TableqWriter, batch_writer, stream_writer
 
 log = logging.getLogger("tableq.spark")
 
@@ -122,31 +123,15 @@ class TableqDataSource(DataSource):
         return TableqBatchReader(ReadOptions.parse(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> TableqWriter:
-        _no_overwrite(overwrite)
-        plan = check_write_schema(schema)
-        opts = WriteOptions.parse(self.options, schema.fieldNames())
-        # The janitor: loads whose driver died (neither commit nor abort ran) are dropped by
-        # the next load, once they are older than staleJobSeconds.
-        stale = bulk_for(opts.url).cleanup_staged(older_than=opts.stale_job_seconds)
-        if stale:
-            log.warning("tableq.stale_loads_dropped rows=%d", stale)
-        return TableqWriter(plan, opts)
+        return batch_writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TableqStreamWriter:
-        _no_overwrite(overwrite)
-        plan = check_write_schema(schema)
-        return TableqStreamWriter(plan, WriteOptions.parse(self.options, schema.fieldNames()))
+        return stream_writer(self.options, schema, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = StreamOptions.parse(self.options)
         queue_for(opts.url).stats(opts.topic)  # fail at planning if the database is unusable
         return TableqStreamReader(opts, schema)
-
-
-def _no_overwrite(overwrite: bool) -> None:
-    if overwrite:
-        raise OptionError("mode", "overwrite is not supported: a queue is only appended to; "
-                                  "use .mode('append')")
 
 
 # --- batch read ---------------------------------------------------------------------------
@@ -310,10 +295,10 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._budget is not None:
             self._budget -= len(claimed)
         got = held + claimed
-        if got and self.opts.fault == f"exit-after-claim:{seq + 1}":
-            os._exit(3)  # as if the driver died here: leased in the database, not in the log
         if not got:
             return start
+        # Leased in the database, not yet in Spark's offset log: tests kill the process here.
+        point("source.stream_leased", topic=self.opts.topic, seq=seq + 1, rows=len(got))
         return {"epoch": epoch, "seq": seq + 1, "lo": min(got), "hi": max(got)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:

@@ -1,2 +1,3 @@
-"""Pipelines built on the tableq data source: requeue (here), archive and report
-(tableq.spark.archive, tableq.spark.report) and load (tableq.spark.load)."""
+"""Pipelines built on the tableq data source, one module each: load (files or generated jobs
+into a topic), requeue (dead letters back to live), archive (done and dead messages to
+Parquet) and report (throughput, latency, failures)."""

@@ -18,6 +18,7 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from tableq.spark._queues import bulk_for
+from tableq.spark._seam import point
 
 log = logging.getLogger("tableq.spark")
 
@@ -33,10 +34,6 @@ class ArchiveResult:
     purged: dict[str, int] = field(default_factory=dict)
     resumed: bool = False
     path: str = ""
-
-
-class _Crash(Exception):
-    """Raised by the test hook to stop a run between two of its steps."""
 
 
 def _manifest_path(out: str) -> str:
@@ -74,8 +71,7 @@ def _new_run(q: Any, cutoff: datetime, sources: tuple[str, ...]) -> dict[str, An
 
 def archive(spark: Any, url: str, out: str, *, older_than: float | timedelta = 86400.0,
             sources: tuple[str, ...] = ("done", "dead"),
-            purge_batch: int = PURGE_BATCH_DEFAULT, _crash_after: str | None = None
-            ) -> ArchiveResult:
+            purge_batch: int = PURGE_BATCH_DEFAULT) -> ArchiveResult:
     """Moves done and dead messages older than `older_than` seconds (by done_at / dead_at)
     to Parquet under `out`/done and `out`/dead (partitioned by topic, date and run), then purges
     them. Safe to rerun after a crash at any point: an unfinished run is resumed first."""
@@ -94,8 +90,7 @@ def archive(spark: Any, url: str, out: str, *, older_than: float | timedelta = 8
             step["rows"] = _write_parquet(spark, url, out, src, step, run, cutoff)
             step["state"] = "written"
             _write_manifest(spark, out, manifest)
-            if _crash_after == "write":
-                raise _Crash(f"crash injected after writing {src}")
+            point("archive.written", run=run, source=src)  # tests crash the run here
         if step["state"] == "written":
             step["purged"] = step.get("purged", 0) + _purge(q, src, step, cutoff, purge_batch)
             step["state"] = "purged"
