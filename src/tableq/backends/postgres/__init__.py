@@ -64,6 +64,8 @@ class PostgresListener:
     """Wake-up hints from LISTEN/NOTIFY on a dedicated connection. A hint, not a transport:
     notifications are lost while disconnected, so workers keep polling as well."""
 
+    wakeup = "notify"
+
     def __init__(self, backend: PostgresBackend) -> None:
         self._where = backend.where
         with map_errors(self._where):
