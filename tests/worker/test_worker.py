@@ -394,9 +394,9 @@ def test_notify_wakes_idle_worker(make_app, db_url):
     assert latency < 1.0, latency
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # any commit wakes
-def test_a_nack_back_to_now_wakes_an_idle_sqlite_worker(make_app, db_url):
-    # NOTIFY follows sends only; SQLite's commit counter also sees a message made due again.
+@pytest.mark.parametrize("db_url", ["postgres", "sqlite"], indirect=True)  # with a listener
+def test_a_nack_back_to_now_wakes_an_idle_worker(make_app, db_url):
+    # Not a send: PostgreSQL's release NOTIFYs itself; SQLite's commit counter sees any change.
     app = make_app(poll_interval_min=10, poll_interval_max=10)
     picked = threading.Event()
 

@@ -127,6 +127,7 @@ class PostgresBackend(SqlBackend):
         quoted = f'"{self.schema}"'
         self.test_clock = bool(test_clock)
         self.channel = f"{self.schema}_wake"
+        self.wake_params = {"channel": self.channel}
         self.Q = load_queries(__package__, "{schema}", quoted,
                               clock=CLOCK if self.test_clock else None,
                               names={"{channel}": f'"{self.channel}"'})
