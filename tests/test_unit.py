@@ -72,6 +72,8 @@ DIALECT_ONLY = {
         "tx_begin_write", "tx_begin_read", "tx_commit", "tx_rollback",
         "session_journal_wal", "session_synchronous_full", "session_synchronous_normal",
         "session_synchronous_extra",
+        # the listener's wake-up: a counter of other connections' commits
+        "session_data_version",
         # the id of an executemany insert (the driver gives no batch ids)
         "last_insert_id",
     },

@@ -11,6 +11,9 @@ from typing import Any
 from tableq.errors import InvalidArgument, InvalidName
 
 TOPIC_MAX_BYTES = 200
+# What a wake-up listener answers when it knows that something changed but not where (SQLite's
+# data_version): "" can never be a topic's name, so it cannot be mistaken for one.
+ANY_TOPIC = ""
 KEY_MAX_CHARS = 255
 KIND_MAX_CHARS = 100
 HEADER_NAME_MAX_CHARS = 100

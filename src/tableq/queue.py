@@ -44,7 +44,8 @@ P = TypeVar("P")
 
 
 class Listener(Protocol):
-    """PostgreSQL's LISTEN/NOTIFY wake-up (Queue.listener())."""
+    """A wake-up hint (Queue.listener()): PostgreSQL's LISTEN/NOTIFY names the topics that
+    got due messages; SQLite's data_version watch answers ANY_TOPIC ("") for any commit."""
 
     def wait(self, timeout_s: float) -> list[str]: ...
 
@@ -194,9 +195,12 @@ class Queue:
         return f"<tableq.Queue {self.where}>"
 
     def listener(self) -> Listener | None:
-        """On PostgreSQL, a LISTEN/NOTIFY listener: `.wait(timeout_s)` blocks until new due
-        messages arrive and returns their topics (`.wait_counts()` also gives how many);
-        `.close()`. None on databases without notifications. A hint only: keep polling."""
+        """A wake-up hint: `.wait(timeout_s)` blocks until something may have become due and
+        returns topics (`.wait_counts()` also gives how many); `.close()`. On PostgreSQL it
+        LISTENs for the NOTIFY of sends and names their topics; on SQLite it watches the
+        file's commit counter (PRAGMA data_version) and answers `tableq.names.ANY_TOPIC`
+        (""); None on MySQL/MariaDB. A hint only: keep polling (delayed messages coming due
+        and expired leases send nothing)."""
         listener: Listener | None = self._backend.listener()
         return listener
 

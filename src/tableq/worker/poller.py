@@ -1,7 +1,8 @@
 """When to look for work next: the pure adaptive-polling rule, and the Waker that sleeps
-until the next poll or until PostgreSQL LISTEN/NOTIFY says a message became due. NOTIFY only
-cuts latency; correctness comes from polling, so a lost notification delays work by at most
-one poll interval. No SQL: the listener comes from the Queue."""
+until the next poll or until the Queue's listener hints that a message became due
+(PostgreSQL LISTEN/NOTIFY; SQLite's commit counter, which names no topic). A hint only cuts
+latency; correctness comes from polling, so a lost one delays work by at most one poll
+interval. No SQL: the listener comes from the Queue."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tableq.errors import InvalidArgument, TableqError
+from tableq.names import ANY_TOPIC
 from tableq.worker import events
 
 POLL_INTERVAL_MIN_S = 0.01
@@ -46,8 +48,9 @@ class PollPolicy:
 
 
 class Waker:
-    """Sleeps between polls. With a listener (PostgreSQL), a notification for one of our
-    topics ends the sleep early; `wake()` ends it from another thread (stop, a freed slot)."""
+    """Sleeps between polls. With a listener (PostgreSQL, SQLite), a hint for one of our
+    topics (or for any topic) ends the sleep early; `wake()` ends it from another thread
+    (stop, a freed slot)."""
 
     def __init__(self, queue: Any, topics: Collection[str], *, use_listener: bool = True,
                  health: Any = None) -> None:
@@ -69,6 +72,11 @@ class Waker:
     @property
     def listening(self) -> bool:
         return self._listener is not None
+
+    @property
+    def mode(self) -> str:
+        """How an idle worker learns of work: the listener's kind, or "polling"."""
+        return str(getattr(self._listener, "wakeup", "notify")) if self.listening else "polling"
 
     def wake(self) -> None:
         self._event.set()
@@ -102,7 +110,7 @@ class Waker:
                 self._close_listener()
                 self._retry_at = time.monotonic() + LISTEN_RETRY_S
                 continue
-            hits = {t for t in got if t in self._topics}
+            hits = set(self._topics) if ANY_TOPIC in got else {t for t in got if t in self._topics}
             if hits:
                 break
         self._event.clear()

@@ -106,7 +106,7 @@ class Worker:
         for lane in self.lanes:
             lane.ensure_min()
         events.emit(events.STARTED, topics=",".join(topics) or "-",
-                    wakeup="notify" if self._waker.listening else "polling",
+                    wakeup=self._waker.mode,
                     burst=self.options.burst or None)
         self.running.set()
         try:

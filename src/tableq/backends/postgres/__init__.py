@@ -64,6 +64,8 @@ class PostgresListener:
     """Wake-up hints from LISTEN/NOTIFY on a dedicated connection. A hint, not a transport:
     notifications are lost while disconnected, so workers keep polling as well."""
 
+    wakeup = "notify"
+
     def __init__(self, backend: PostgresBackend) -> None:
         self._where = backend.where
         with map_errors(self._where):
@@ -125,6 +127,7 @@ class PostgresBackend(SqlBackend):
         quoted = f'"{self.schema}"'
         self.test_clock = bool(test_clock)
         self.channel = f"{self.schema}_wake"
+        self.wake_params = {"channel": self.channel}
         self.Q = load_queries(__package__, "{schema}", quoted,
                               clock=CLOCK if self.test_clock else None,
                               names={"{channel}": f'"{self.channel}"'})

@@ -362,12 +362,20 @@ FROM gone
 RETURNING id;
 
 -- name: message_release :one
-UPDATE {schema}.message
-SET lease = NULL, attempts = attempts - %(refund)s,
-    available_at = statement_timestamp() + make_interval(secs => %(delay_s)s),
-    last_error = COALESCE(%(error)s, last_error)
-WHERE id = %(id)s AND lease = %(lease)s
-RETURNING id;
+-- A message released due now (a nack back to now, a worker giving back what it never
+-- started) wakes listening workers the way a send does; the insert trigger sees sends only.
+WITH released AS (
+    UPDATE {schema}.message
+    SET lease = NULL, attempts = attempts - %(refund)s,
+        available_at = statement_timestamp() + make_interval(secs => %(delay_s)s),
+        last_error = COALESCE(%(error)s, last_error)
+    WHERE id = %(id)s AND lease = %(lease)s
+    RETURNING id, topic, available_at
+)
+SELECT id, CASE WHEN available_at <= statement_timestamp()
+                THEN pg_notify(%(channel)s, json_build_object('topic', topic, 'n', 1)::text)
+           END AS woke
+FROM released;
 
 -- name: message_charge :many
 -- A worker's prefetched message, charged its attempt as its handler starts; the lease is

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from tableq.backends.base import (
 from tableq.backends.sql import Cursor, Params, SqlBackend, duplicate_from
 from tableq.backends.sqlite.errors import map_errors
 from tableq.errors import InvalidArgument
+from tableq.names import ANY_TOPIC
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
@@ -39,6 +41,49 @@ SYNCHRONOUS = {"FULL": "session_synchronous_full", "NORMAL": "session_synchronou
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("(julianday('now') - 2440587.5) * 86400.0", "(SELECT clock FROM {p}test_clock)")
 REFS_PER_STATEMENT = 500
+WATCH_INTERVAL_S = 0.005  # how often a listener reads data_version (a counter in shared memory)
+
+
+class SQLiteListener:
+    """Wake-up hints for a database that cannot notify. PRAGMA data_version, read on a
+    connection of its own, changes whenever another connection commits (in this process or
+    another one on this host), so a sleeping worker hears of a send, a nack back to now or a
+    released lease within milliseconds, for the price of reading a counter. It cannot tell
+    which topic changed: it answers ANY_TOPIC. A hint, not a transport: workers keep polling
+    (delayed messages coming due and expired leases commit nothing)."""
+
+    wakeup = "data_version"
+
+    def __init__(self, backend: SQLiteBackend) -> None:
+        self._where, self._query = backend.where, backend.Q.session_data_version
+        with map_errors(self._where):
+            self._conn = sqlite3.connect(backend.path, timeout=backend.busy_timeout_s,
+                                         isolation_level=None, check_same_thread=False)
+            self._version = self._read()
+
+    def _read(self) -> int:
+        return int(self._conn.execute(self._query).fetchone()[0])
+
+    def wait_counts(self, timeout_s: float) -> dict[str, int]:
+        """Blocks up to timeout_s for a commit by another connection; {ANY_TOPIC: 1} when
+        one came (how many messages it made due is not known), else {}."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with map_errors(self._where):
+            while True:
+                version = self._read()
+                if version != self._version:
+                    self._version = version
+                    return {ANY_TOPIC: 1}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {}
+                time.sleep(min(WATCH_INTERVAL_S, left))
+
+    def wait(self, timeout_s: float) -> list[str]:
+        return sorted(self.wait_counts(timeout_s))
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 class SQLiteBackend(SqlBackend):
@@ -61,6 +106,9 @@ class SQLiteBackend(SqlBackend):
                               clock=CLOCK if self.test_clock else None)
         self._migrations = load_migrations(__package__, "{p}", url.namespace)
         self.pool = Pool(self._connect, lambda c: c.close())
+
+    def listener(self) -> SQLiteListener:
+        return SQLiteListener(self)
 
     # --- connections and transactions -----------------------------------------------------
 

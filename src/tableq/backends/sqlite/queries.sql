@@ -18,6 +18,10 @@ PRAGMA synchronous=NORMAL;
 -- name: session_synchronous_extra :exec
 PRAGMA synchronous=EXTRA;
 
+-- name: session_data_version :one
+-- Changes whenever another connection (in any process) commits: the listener's wake-up.
+PRAGMA data_version;
+
 -- name: tx_begin_write :exec
 -- Takes the write lock up front: a deferred transaction that reads and then writes can fail
 -- at once with SQLITE_BUSY_SNAPSHOT, without waiting for busy_timeout.
