@@ -343,3 +343,16 @@ def test_no_assert_inside_worker_handlers() -> None:
             if handler and any(isinstance(n, ast.Assert) for n in ast.walk(node)):
                 offenders.append(f"{path.relative_to(tests)}:{node.lineno} {node.name}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("code", [1213, 1205, 1467])
+def test_mysql_lock_conflicts_are_retried_whole(code: int) -> None:
+    """A deadlock, a lock-wait timeout, and a batch insert that lost the AUTO-INC lock (1467,
+    seen under contention in M1) are transient: the backend retries the whole transaction."""
+    import pymysql
+
+    from tableq.backends.base import TransientError
+    from tableq.backends.mysql.errors import map_errors
+
+    with pytest.raises(TransientError), map_errors("mysql://test"):
+        raise pymysql.err.OperationalError(code, "conflict")

@@ -16,6 +16,10 @@ from tableq.errors import (
 )
 
 DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
+# InnoDB's answer when a statement that inserts a batch (INSERT ... SELECT) loses the wait
+# for the table's AUTO-INC lock to a deadlock or a lock-wait timeout: the same conflict,
+# reported as "Failed to read auto-increment value from storage engine".
+AUTOINC_LOCK_LOST = 1467
 DUPLICATE_ENTRY = 1062
 NO_SUCH_TABLE, NO_SUCH_COLUMN = 1146, 1054  # a missing column means an older schema too
 # 1053: the server is shutting down; 1927: the connection was killed.
@@ -39,7 +43,7 @@ def map_errors(where: str) -> Iterator[None]:
         text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
         # A deadlock rolls back the whole transaction, a lock-wait timeout only the statement;
         # the backend retries the whole transaction after a rollback in both cases.
-        if code in (DEADLOCK, LOCK_WAIT_TIMEOUT):
+        if code in (DEADLOCK, LOCK_WAIT_TIMEOUT, AUTOINC_LOCK_LOST):
             raise TransientError(text, where) from exc
         if code == DUPLICATE_ENTRY:
             raise UniqueViolation(f"MySQL refused a duplicate at {where}: {text}") from exc
