@@ -37,6 +37,9 @@ FAMILY_QUERIES = {
     ("postgres", "mysql"): {
         "server_version", "migration_lock", "idle_transaction_limit",
         "doctor_old_transactions", "message_insert_ignore",
+        # a single send as one plain row: PostgreSQL's batch takes arrays, MySQL's INSERT ...
+        # SELECT would hold the table's AUTO-INC lock (SQLite's message_insert is one row)
+        "message_insert_one",
     },
     # DELETE ... RETURNING: fenced acks and at-most-once receives (MySQL has no RETURNING).
     ("postgres", "sqlite"): {"message_ack", "message_take"},
@@ -48,7 +51,7 @@ DIALECT_ONLY = {
         "message_claim", "message_claim_ids", "message_claim_where", "message_take_where",
         "message_ack_retain", "message_find_keys", "lease_ack_retain",
         # a single send over scalars: the batch statements take arrays
-        "message_insert_one", "message_insert_one_ignore", "message_insert_one_replace",
+        "message_insert_one_ignore", "message_insert_one_replace",
         # savepoints keep a caller's transaction usable after a refused duplicate
         "savepoint_set", "savepoint_release", "savepoint_rollback",
         # COPY bulk loads under load parts, async commit, NOTIFY wake-ups

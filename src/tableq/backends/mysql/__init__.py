@@ -217,7 +217,10 @@ class MySQLBackend(SqlBackend):
         # each row is its own statement.
         size = BATCH_ROWS if self.consecutive_ids else 1
         for part in chunks(rows, size):
-            cur.execute(self.Q.message_insert, {"rows": _rows_json(part)})
+            if len(part) == 1:
+                cur.execute(self.Q.message_insert_one, self._message_params(part[0]))
+            else:
+                cur.execute(self.Q.message_insert, {"rows": _rows_json(part)})
             first = cur.lastrowid  # LAST_INSERT_ID(): the first id of this statement
             ids.extend(range(first, first + len(part) * self.id_step, self.id_step))
         return ids
@@ -227,7 +230,7 @@ class MySQLBackend(SqlBackend):
         if on_duplicate == "error":
             try:
                 with self.map_errors():
-                    cur.execute(self.Q.message_insert, {"rows": _rows_json([m])})
+                    cur.execute(self.Q.message_insert_one, params)
             except UniqueViolation:
                 raise duplicate_from(self._one(cur, self.Q.message_find_key, params), m) from None
             return cur.lastrowid, "sent"

@@ -72,6 +72,16 @@ FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (
     delay_us BIGINT PATH '$[8]')) AS r
 ORDER BY r.ord;
 
+-- name: message_insert_one :exec
+-- One row as a VALUES list: a "simple insert" to InnoDB, which takes the AUTO-INC lock only
+-- for the moment it hands out the id (message_insert's INSERT ... SELECT holds it to the
+-- statement's end, so every other insert into the table would wait behind a single send).
+INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
+                        created_at, available_at, first_available_at)
+VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
+        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+        COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND));
+
 -- name: message_insert_ignore :exec
 -- A duplicate key is ignored: LAST_INSERT_ID(id) hands back the existing row's id (rowcount
 -- 0).
