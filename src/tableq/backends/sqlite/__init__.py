@@ -42,6 +42,13 @@ SYNCHRONOUS = {"FULL": "session_synchronous_full", "NORMAL": "session_synchronou
 CLOCK = ("(julianday('now') - 2440587.5) * 86400.0", "(SELECT clock FROM {p}test_clock)")
 REFS_PER_STATEMENT = 500
 WATCH_INTERVAL_S = 0.005  # how often a listener reads data_version (a counter in shared memory)
+# At most one hint per this long: any commit to the file changes data_version (other topics'
+# traffic, acks, heartbeats), and each hint costs an idle worker a claim, which on SQLite is a
+# write transaction. The first change after a quiet spell is still reported at once.
+HINT_GAP_S = 0.05
+# A file locked past this fails the listener's read (the worker polls and reopens the
+# listener later) instead of stalling its fetch loop for the whole busy timeout.
+WATCH_BUSY_TIMEOUT_S = 0.1
 
 
 class SQLiteListener:
@@ -56,10 +63,15 @@ class SQLiteListener:
 
     def __init__(self, backend: SQLiteBackend) -> None:
         self._where, self._query = backend.where, backend.Q.session_data_version
+        self._hinted_at = 0.0
         with map_errors(self._where):
-            self._conn = sqlite3.connect(backend.path, timeout=backend.busy_timeout_s,
+            self._conn = sqlite3.connect(backend.path, timeout=WATCH_BUSY_TIMEOUT_S,
                                          isolation_level=None, check_same_thread=False)
-            self._version = self._read()
+            try:
+                self._version = self._read()
+            except BaseException:
+                self._conn.close()
+                raise
 
     def _read(self) -> int:
         return int(self._conn.execute(self._query).fetchone()[0])
@@ -70,11 +82,13 @@ class SQLiteListener:
         deadline = time.monotonic() + max(0.0, timeout_s)
         with map_errors(self._where):
             while True:
-                version = self._read()
-                if version != self._version:
-                    self._version = version
-                    return {ANY_TOPIC: 1}
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if now >= self._hinted_at + HINT_GAP_S:
+                    version = self._read()
+                    if version != self._version:
+                        self._version, self._hinted_at = version, now
+                        return {ANY_TOPIC: 1}
+                left = deadline - now
                 if left <= 0:
                     return {}
                 time.sleep(min(WATCH_INTERVAL_S, left))
