@@ -25,7 +25,6 @@ from typing import Any
 from checker import Effect, SendOp
 
 import tableq.url
-from tableq.bulk import Bulk
 
 
 class History:
@@ -188,6 +187,10 @@ class EffectTable:
 
 def live_rows(q: Any, topic: str) -> list[dict[str, Any]]:
     """Every live message of a topic as a row dict (peek stops at 10,000), by id range."""
+    # Imported here: this module is also loaded by apps that run under an older tableq
+    # (the upgrade test), which has no tableq.bulk.
+    from tableq.bulk import Bulk
+
     bounds = Bulk(q).history_bounds("live", topic)
     return [] if bounds is None else Bulk(q).history("live", topic, *bounds)
 
