@@ -494,11 +494,11 @@ class Queue:
         """Charges one attempt to each message still held and extends its lease to `extend`
         seconds from now, in one statement. Returns those messages with their new attempt
         count and lease expiry; the missing ones had lost their lease (nothing changed)."""
-        refs = [self._leased(m, "charge") for m in msgs]
-        if not refs:
+        charges = [(*self._leased(m, "charge"), m.attempts) for m in msgs]
+        if not charges:
             return []
         done = self._backend.message_charge(
-            refs, seconds("extend", extend, self.visibility_timeout_s))
+            charges, seconds("extend", extend, self.visibility_timeout_s))
         return [_replace(m, attempts=done[m.id][0], available_at=done[m.id][1])
                 for m in msgs if m.id in done]
 

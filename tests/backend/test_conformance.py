@@ -284,11 +284,15 @@ def test_deferred_charge_and_extensions(backend: Backend) -> None:
     backend.message_insert([msg({"n": i}) for i in range(3)], "error")
     got = backend.message_claim(spec(3, charge=1)).rows
     assert [(r["attempts"], r["charged"]) for r in got] == [(1, True), (0, False), (0, False)]
-    rest = refs(got[1:])
+    rest = [(i, lease, 0) for i, lease in refs(got[1:])]
     backend.advance_clock(1)
     now = backend.now()
-    charged = backend.message_charge(rest + [(got[0]["id"], "stale")], 60)
-    assert charged == {i: (1, now + timedelta(seconds=60)) for i, _ in rest}
+    charged = backend.message_charge(rest + [(got[0]["id"], "stale", 0)], 60)
+    assert charged == {i: (1, now + timedelta(seconds=60)) for i, _, _ in rest}
+    # A charge sent again (its COMMIT's reply was lost) counts once.
+    again = backend.message_charge(rest, 60)
+    assert {i: attempts for i, (attempts, _) in again.items()} == {i: 1 for i, _, _ in rest}
+    assert [backend.message_get(i)["attempts"] for i, _, _ in rest] == [1, 1]  # type: ignore[index]
     assert backend.message_extend(got[0]["id"], got[0]["lease"], 45, json.dumps({"p": 1})) == (
         now + timedelta(seconds=45))
     assert backend.message_get(got[0]["id"])["progress"] == {"p": 1}  # type: ignore[index]

@@ -50,6 +50,18 @@ def test_charge_counts_the_attempt_and_extends_the_lease(q):
     assert q.stats("t")[0].live == 0
 
 
+def test_a_charge_sent_twice_counts_once(q):
+    # The worker sends a charge again when the database went away before its reply (the
+    # COMMIT may have landed): the second must not spend a second attempt.
+    q.send("t", 1)
+    ((m, _),) = q._receive_deferred("t", max=1, charge=0)
+    (first,) = q._charge([m])
+    (second,) = q._charge([m])
+    assert first.attempts == second.attempts == 1
+    assert q.peek("t", 1)[0].attempts == 1
+    q.ack(second)
+
+
 def test_charge_is_fenced_by_the_lease(q):
     q.send("t", 1)
     ((m, _),) = q._receive_deferred("t", max=1, charge=0)

@@ -230,10 +230,12 @@ class Backend(ABC):
         conn: Any = None,
     ) -> bool: ...
     @abstractmethod
-    def message_charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float
                ) -> dict[int, tuple[int, datetime]]:
-        """Charges one attempt to each delivery still held under (id, lease) and extends its
-        lease to extend_s from now; returns {id: (attempts, new expiry)} for those."""
+        """Charges one attempt to each delivery still held under (id, lease, attempts it was
+        received with) and extends its lease to extend_s from now; returns {id: (attempts,
+        new expiry)} for those. Idempotent: charging the same delivery again (a retry after a
+        lost COMMIT reply) leaves its count as the first charge set it."""
     @abstractmethod
     def message_extend(
         self, msg_id: int, lease: str, extend_s: float, progress_json: str | None

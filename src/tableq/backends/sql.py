@@ -43,6 +43,7 @@ from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
 from tableq.tokens import IdempotencyRecord, NewToken, TokenRecord
 
 T = TypeVar("T")
+R = TypeVar("R", tuple[int, str], tuple[int, str, int])
 Cursor = Any  # the dialect's cursor (or, for sqlite3, its connection)
 Params = dict[str, Any]
 
@@ -118,6 +119,10 @@ class SqlBackend(Backend):
     @abstractmethod
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         """(id, lease) pairs as parameters."""
+
+    @abstractmethod
+    def _charges(self, charges: Sequence[tuple[int, str, int]]) -> Params:
+        """(id, lease, attempts) triples as parameters (message_charge)."""
 
     @abstractmethod
     def _locked(self, fn: Callable[[Cursor], T]) -> T:
@@ -344,18 +349,18 @@ class SqlBackend(Backend):
         found = self.run(lambda cur: self._one(cur, self.Q.message_extend, params))
         return self._to_time(found["available_at"]) if found else None
 
-    def _ref_parts(self, refs: Sequence[tuple[int, str]]) -> Iterator[Sequence[tuple[int, str]]]:
+    def _ref_parts(self, refs: Sequence[R]) -> Iterator[Sequence[R]]:
         if self.refs_per_statement is None:
             yield refs
         else:
             yield from chunks(refs, self.refs_per_statement)
 
-    def message_charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float
                ) -> dict[int, tuple[int, datetime]]:
         def run(cur: Cursor) -> dict[int, tuple[int, datetime]]:
             out: dict[int, tuple[int, datetime]] = {}
-            for part in self._ref_parts(refs):
-                p = {**self._refs(part), **self._span("extend", extend_s)}
+            for part in self._ref_parts(charges):
+                p = {**self._charges(part), **self._span("extend", extend_s)}
                 out.update((r["id"], (r["attempts"], self._to_time(r["available_at"])))
                            for r in self._all(cur, self.Q.message_charge, p))
             return out

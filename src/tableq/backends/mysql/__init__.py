@@ -180,6 +180,9 @@ class MySQLBackend(SqlBackend):
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"refs": tuple(refs)}
 
+    def _charges(self, charges: Sequence[tuple[int, str, int]]) -> Params:
+        return {"charges": tuple(charges), **self._refs([(i, lease) for i, lease, _ in charges])}
+
     # --- migrations -----------------------------------------------------------------------
 
     def _locked(self, fn: Callable[[Cursor], T]) -> T:
@@ -285,15 +288,16 @@ class MySQLBackend(SqlBackend):
             return held
         return self.run(run, conn, tx=True)
 
-    def message_charge(self, refs: Sequence[tuple[int, str]], extend_s: float
+    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float
                ) -> dict[int, tuple[int, datetime]]:
         def run(cur: Cursor) -> dict[int, tuple[int, datetime]]:
             out: dict[int, tuple[int, datetime]] = {}
-            for part in chunks(refs, BATCH_ROWS):
-                p = {**self._refs(part), **self._span("extend", extend_s)}
-                if self._exec(cur, self.Q.message_charge, p):
-                    out.update((r["id"], (r["attempts"], self._to_time(r["available_at"])))
-                               for r in self._all(cur, self.Q.message_charged, p))
+            for part in chunks(charges, BATCH_ROWS):
+                p = {**self._charges(part), **self._span("extend", extend_s)}
+                # Read back even when nothing changed: a retried charge finds its rows charged.
+                self._exec(cur, self.Q.message_charge, p)
+                out.update((r["id"], (r["attempts"], self._to_time(r["available_at"])))
+                           for r in self._all(cur, self.Q.message_charged, p))
             return out
         return self.run(run, tx=True)
 

@@ -162,10 +162,12 @@ WHERE id IN %(ids)s;
 
 -- name: message_charge :exec
 -- A worker's prefetched message, charged its attempt as its handler starts; the lease is
--- extended in the same statement, so the handler starts on a full, confirmed lease.
+-- extended in the same statement, so the handler starts on a full, confirmed lease. Only a
+-- delivery still at the count it was received with is charged, so a charge retried after its
+-- COMMIT's reply was lost counts once (message_charged then reads it as charged).
 UPDATE {p}message
 SET attempts = attempts + 1, available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
-WHERE (id, lease) IN %(refs)s;
+WHERE (id, lease, attempts) IN %(charges)s;
 
 -- name: message_charged :many
 SELECT id, attempts, available_at FROM {p}message WHERE (id, lease) IN %(refs)s;

@@ -203,6 +203,10 @@ class PostgresBackend(SqlBackend):
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"ids": [i for i, _ in refs], "leases": [lease for _, lease in refs]}
 
+    def _charges(self, charges: Sequence[tuple[int, str, int]]) -> Params:
+        return {"ids": [c[0] for c in charges], "leases": [c[1] for c in charges],
+                "attempts": [c[2] for c in charges]}
+
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:
         with self.pool.connection() as conn:

@@ -379,11 +379,13 @@ FROM released;
 
 -- name: message_charge :many
 -- A worker's prefetched message, charged its attempt as its handler starts; the lease is
--- extended in the same statement, so the handler starts on a full, confirmed lease.
+-- extended in the same statement, so the handler starts on a full, confirmed lease. The
+-- count is set to one more than the delivery was received with, never added to, so a charge
+-- retried after its COMMIT's reply was lost counts once.
 UPDATE {schema}.message m
-SET attempts = m.attempts + 1,
+SET attempts = GREATEST(m.attempts, a.attempts + 1),
     available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
-FROM unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+FROM unnest(%(ids)s::bigint[], %(leases)s::text[], %(attempts)s::int[]) AS a(id, lease, attempts)
 WHERE m.id = a.id AND m.lease = a.lease
 RETURNING m.id, m.attempts, m.available_at;
 

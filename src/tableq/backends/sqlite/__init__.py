@@ -201,6 +201,9 @@ class SQLiteBackend(SqlBackend):
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
         return {"refs": json.dumps([[i, lease] for i, lease in refs])}
 
+    def _charges(self, charges: Sequence[tuple[int, str, int]]) -> Params:
+        return {"refs": json.dumps([list(c) for c in charges])}
+
     # --- migrations -----------------------------------------------------------------------
 
     def _locked(self, fn: Callable[[Cursor], T]) -> T:

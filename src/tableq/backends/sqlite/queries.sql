@@ -175,10 +175,15 @@ RETURNING available_at;
 
 -- name: message_charge :many
 -- A worker's prefetched message, charged its attempt as its handler starts; the lease is
--- extended in the same statement, so the handler starts on a full, confirmed lease.
+-- extended in the same statement, so the handler starts on a full, confirmed lease. The
+-- count is set to one more than the delivery was received with, never added to, so a charge
+-- retried after its COMMIT's reply was lost counts once.
 UPDATE {p}message
-SET attempts = attempts + 1, available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
-WHERE (id, lease) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:refs))
+SET attempts = MAX({p}message.attempts, a.attempts + 1),
+    available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
+FROM (SELECT value ->> 0 AS id, value ->> 1 AS lease, value ->> 2 AS attempts
+      FROM json_each(:refs)) AS a
+WHERE {p}message.id = a.id AND {p}message.lease = a.lease
 RETURNING id, attempts, available_at;
 
 -- name: message_extend_many :many
