@@ -68,9 +68,9 @@ INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers,
 SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
        statement_timestamp(), r.due, r.due
 FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
-      FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-                  %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
-                  %(ats)s::timestamptz[], %(delays)s::float8[])
+      FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+                  %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
+                  %(ats)b::timestamptz[], %(delays)b::float8[])
            WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
                                 delay_s, ord)
       ORDER BY u.ord) r
@@ -82,9 +82,9 @@ INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers,
 SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
        statement_timestamp(), r.due, r.due
 FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
-      FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-                  %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
-                  %(ats)s::timestamptz[], %(delays)s::float8[])
+      FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+                  %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
+                  %(ats)b::timestamptz[], %(delays)b::float8[])
            WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
                                 delay_s, ord)
       ORDER BY u.ord) r
@@ -99,9 +99,9 @@ INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers,
 SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
        statement_timestamp(), r.due, r.due
 FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
-      FROM unnest(%(topics)s::text[], %(keys)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-                  %(datas)s::bytea[], %(headers)s::text[], %(priorities)s::int[],
-                  %(ats)s::timestamptz[], %(delays)s::float8[])
+      FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+                  %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
+                  %(ats)b::timestamptz[], %(delays)b::float8[])
            WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
                                 delay_s, ord)
       ORDER BY u.ord) r
@@ -149,7 +149,7 @@ RETURNING id, key, (xmax = 0) AS inserted;
 
 -- name: message_find_keys :many
 SELECT m.id, m.topic, m.key FROM {schema}.message m
-JOIN unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
+JOIN unnest(%(topics)b::text[], %(keys)b::text[]) AS u(topic, key)
   ON m.topic = u.topic AND m.key = u.key;
 
 -- name: message_claim :many
@@ -343,14 +343,14 @@ DELETE FROM {schema}.message m USING due WHERE m.id = due.id RETURNING m.*;
 -- name: message_ack :many
 -- Fenced on (id, lease): a stale lease matches nothing and changes nothing.
 DELETE FROM {schema}.message m
-USING unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+USING unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
 WHERE m.id = a.id AND m.lease = a.lease
 RETURNING m.id;
 
 -- name: message_ack_retain :many
 WITH gone AS (
     DELETE FROM {schema}.message m
-    USING unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+    USING unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
     WHERE m.id = a.id AND m.lease = a.lease
     RETURNING m.*
 )
@@ -385,7 +385,7 @@ FROM released;
 UPDATE {schema}.message m
 SET attempts = GREATEST(m.attempts, a.attempts + 1),
     available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
-FROM unnest(%(ids)s::bigint[], %(leases)s::text[], %(attempts)s::int[]) AS a(id, lease, attempts)
+FROM unnest(%(ids)b::bigint[], %(leases)b::text[], %(attempts)b::int[]) AS a(id, lease, attempts)
 WHERE m.id = a.id AND m.lease = a.lease
 RETURNING m.id, m.attempts, m.available_at;
 
@@ -399,14 +399,14 @@ RETURNING available_at;
 -- name: message_extend_many :many
 UPDATE {schema}.message m
 SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
-FROM unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+FROM unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
 WHERE m.id = a.id AND m.lease = a.lease
 RETURNING m.id, m.available_at;
 
 -- name: done_match :many
 -- Acks whose earlier attempt committed (its reply was lost): the done table still has them.
 SELECT d.id FROM {schema}.done d
-JOIN unnest(%(ids)s::bigint[], %(leases)s::text[]) AS a(id, lease)
+JOIN unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
   ON d.id = a.id AND d.lease = a.lease;
 
 -- name: dead_insert :exec
@@ -477,7 +477,7 @@ WITH moved AS (
     SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, 0, created_at,
            statement_timestamp(), statement_timestamp(), error
     FROM {schema}.dead
-    WHERE topic = %(topic)s AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    WHERE topic = %(topic)s AND (%(ids)b::bigint[] IS NULL OR id = ANY(%(ids)b::bigint[]))
     ORDER BY id
     ON CONFLICT DO NOTHING
     RETURNING id
@@ -486,7 +486,7 @@ DELETE FROM {schema}.dead WHERE id IN (SELECT id FROM moved) RETURNING id;
 
 -- name: dead_purge :exec
 DELETE FROM {schema}.dead
-WHERE topic = %(topic)s AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]));
+WHERE topic = %(topic)s AND (%(ids)b::bigint[] IS NULL OR id = ANY(%(ids)b::bigint[]));
 
 -- name: lease_rows :many
 -- A group lease is found by its id range (the primary key), not by scanning the topic; one
@@ -560,12 +560,12 @@ COPY {schema}.message (topic, kind, payload, payload_bytes, headers, priority, l
 
 -- name: load_part_rows :one
 SELECT COALESCE(sum(rows), 0) AS n FROM {schema}.load_part
-WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[]) AND state = 'open';
+WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open';
 
 -- name: load_part_publish :many
 -- The O(parts) commit of directly loaded rows: their parts stop being open.
 UPDATE {schema}.load_part SET state = 'published'
-WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[]) AND state = 'open'
+WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open'
 RETURNING topic, rows;
 
 -- name: load_part_drop :exec
@@ -579,7 +579,7 @@ DELETE FROM {schema}.message m USING dropped d WHERE m.topic = d.topic AND m.loa
 
 -- name: load_notify :exec
 SELECT pg_notify(%(channel)s, json_build_object('topic', t.topic, 'n', t.n)::text)
-FROM unnest(%(topics)s::text[], %(counts)s::bigint[]) AS t(topic, n);
+FROM unnest(%(topics)b::text[], %(counts)b::bigint[]) AS t(topic, n);
 
 -- name: load_job_lock :one
 -- Takes the job's row lock, so two commits of one job run one after the other.
@@ -600,7 +600,7 @@ INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers,
 SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
        statement_timestamp(), s.due, s.due
 FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due
-      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[])
+      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])
       ORDER BY sid) s
 ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING;
 
@@ -612,7 +612,7 @@ SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority
        statement_timestamp(), s.due, s.due
 FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due,
              row_number() OVER (PARTITION BY topic, key ORDER BY sid DESC) AS nth
-      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[])) s
+      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])) s
 WHERE s.key IS NULL OR s.nth = 1
 ORDER BY s.sid
 ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
@@ -622,7 +622,7 @@ ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
     available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at;
 
 -- name: stage_count :one
-SELECT count(*) AS n FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)s::bigint[]);
+SELECT count(*) AS n FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]);
 
 -- name: stage_delete_job :exec
 DELETE FROM {schema}.stage WHERE job = %(job)s;
@@ -664,10 +664,10 @@ WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s::text IS NULL OR topic = %(top
 ORDER BY id;
 
 -- name: history_delete_dead :exec
-DELETE FROM {schema}.dead WHERE id = ANY(%(ids)s::bigint[]);
+DELETE FROM {schema}.dead WHERE id = ANY(%(ids)b::bigint[]);
 
 -- name: history_delete_done :exec
-DELETE FROM {schema}.done WHERE id = ANY(%(ids)s::bigint[]);
+DELETE FROM {schema}.done WHERE id = ANY(%(ids)b::bigint[]);
 
 -- --- tableq doctor: read-only facts about the server (judged in tableq.doctor) ---------------
 
