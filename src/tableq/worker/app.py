@@ -17,7 +17,7 @@ from tableq.names import check_topic
 from tableq.queue import Queue, seconds
 from tableq.url import DEFAULT_URL, redact
 from tableq.worker.periodic import PeriodicJob
-from tableq.worker.poller import POLL_INTERVAL_MAX_S, POLL_INTERVAL_MIN_S, PollPolicy
+from tableq.worker.poller import POLL_INTERVAL_MIN_S, PollPolicy
 from tableq.worker.retry import Backoff
 from tableq.worker.runner import Worker
 from tableq.worker.spec import MODES, HandlerSpec, WorkerMode, WorkerOptions
@@ -52,7 +52,8 @@ class App:
     `app = tableq.App("postgresql://...")`, or `App()` for $TABLEQ_URL or the embedded
     SQLite file. Extra keyword arguments go to tableq.connect() (max_attempts,
     visibility_timeout, migrate, ...). Worker settings: poll_interval_min/max (adaptive
-    polling), grace_period (shutdown), prefetch (messages always fetched beyond free
+    polling; the max defaults to 2 s with a NOTIFY or SQLite listener and 0.1 s without
+    one), grace_period (shutdown), prefetch (messages always fetched beyond free
     threads), prefetch_wait (fetch ahead what the threads start within this many seconds;
     0 fetches only for free threads, so a worker killed -9 never holds unstarted messages),
     use_notify (PostgreSQL LISTEN/NOTIFY wake-up)."""
@@ -63,7 +64,7 @@ class App:
         *,
         queue: Queue | None = None,
         poll_interval_min: float = POLL_INTERVAL_MIN_S,
-        poll_interval_max: float = POLL_INTERVAL_MAX_S,
+        poll_interval_max: float | None = None,
         grace_period: float | timedelta = DEFAULT_GRACE_PERIOD_S,
         prefetch: int = 0,
         prefetch_wait: float = 0.5,
@@ -77,6 +78,7 @@ class App:
         self._connect_options = connect_options
         self._lock = threading.Lock()
         self.poll = PollPolicy(seconds("poll_interval_min", poll_interval_min, 0.0),
+                               None if poll_interval_max is None else
                                seconds("poll_interval_max", poll_interval_max, 0.0))
         self.grace_period_s = seconds("grace_period", grace_period, DEFAULT_GRACE_PERIOD_S)
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:

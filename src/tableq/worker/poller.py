@@ -17,7 +17,8 @@ from tableq.names import ANY_TOPIC
 from tableq.worker import events
 
 POLL_INTERVAL_MIN_S = 0.01
-POLL_INTERVAL_MAX_S = 2.0
+POLL_INTERVAL_MAX_S = 2.0  # with a listener: its hints end the wait, polling is the safety net
+POLLING_INTERVAL_MAX_S = 0.1  # polling alone (MariaDB, use_notify=False): a send waits no longer
 LISTEN_SLICE_S = 0.25  # how long one listener wait may block a stop request
 LISTEN_RETRY_S = 5.0  # after losing the LISTEN connection, try a new one this often
 
@@ -25,26 +26,37 @@ LISTEN_RETRY_S = 5.0  # after losing the LISTEN connection, try a new one this o
 @dataclass(frozen=True, slots=True)
 class PollPolicy:
     """Drain without sleeping while receives find work; when they come back empty, wait
-    `interval_min_s`, then twice as long each time, up to `interval_max_s`."""
+    `interval_min_s`, then twice as long each time, up to `interval_max_s`. Left unset (None),
+    the cap depends on how the worker hears of new work: POLL_INTERVAL_MAX_S with a listener
+    (PostgreSQL's NOTIFY, SQLite's commit counter), POLLING_INTERVAL_MAX_S when polling is all
+    it has, so that an idle worker still picks a send up within about that long."""
 
     interval_min_s: float = POLL_INTERVAL_MIN_S
-    interval_max_s: float = POLL_INTERVAL_MAX_S
+    interval_max_s: float | None = None
     factor: float = 2.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.interval_min_s <= self.interval_max_s:
+        top = self.interval_min_s if self.interval_max_s is None else self.interval_max_s
+        if not 0 < self.interval_min_s <= top:
             raise InvalidArgument(
                 "poll intervals must satisfy 0 < poll_interval_min <= poll_interval_max, not "
                 f"{self.interval_min_s} and {self.interval_max_s}")
         if self.factor < 1:
             raise InvalidArgument(f"poll factor must be >= 1, not {self.factor}")
 
-    def next_delay(self, previous_s: float, found_work: bool) -> float:
+    def cap(self, listening: bool) -> float:
+        """The longest wait between polls, for a worker with or without a listener."""
+        if self.interval_max_s is not None:
+            return self.interval_max_s
+        default = POLL_INTERVAL_MAX_S if listening else POLLING_INTERVAL_MAX_S
+        return max(self.interval_min_s, default)
+
+    def next_delay(self, previous_s: float, found_work: bool, listening: bool = True) -> float:
         if found_work:
             return 0.0
         if previous_s <= 0:
             return self.interval_min_s
-        return min(self.interval_max_s, max(self.interval_min_s, previous_s * self.factor))
+        return min(self.cap(listening), max(self.interval_min_s, previous_s * self.factor))
 
 
 class Waker:

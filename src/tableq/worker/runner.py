@@ -167,7 +167,7 @@ class Worker:
                 if not any(lane.want() > 0 for lane in self.lanes):
                     self._slot_event.wait(min(0.5, self.scheduler.seconds_until_check()))
                 continue
-            delay = self.options.poll.next_delay(delay, False)
+            delay = self.options.poll.next_delay(delay, False, self._waker.listening)
             events.emit(events.IDLE, logging.DEBUG, wait_s=round(delay, 3))
             self.waiting.set()
             try:
