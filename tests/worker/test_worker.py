@@ -411,6 +411,25 @@ def test_a_nack_back_to_now_wakes_an_idle_worker(make_app, db_url):
     assert latency < 5.0, latency
 
 
+@pytest.mark.parametrize("db_url", ["postgres", "sqlite"], indirect=True)  # with a listener
+@pytest.mark.parametrize("many", [False, True], ids=["send", "send_many"])
+def test_a_replace_due_now_wakes_an_idle_worker(make_app, db_url, many):
+    # Not an insert: PostgreSQL's replace NOTIFYs itself (the insert trigger sees inserted rows
+    # only); SQLite's commit counter sees any change.
+    app = make_app(poll_interval_min=10, poll_interval_max=10)
+    app.queue.send("swap", {"v": 1}, key="k", delay=600)  # scheduled: the worker has no work
+
+    def replace():
+        if many:
+            app.queue.send_many("swap", [{"payload": {"v": 2}, "key": "k"},
+                                         {"payload": {"v": 3}, "key": "j", "delay": 600}],
+                                on_duplicate="replace")
+        else:
+            app.queue.send("swap", {"v": 2}, key="k", on_duplicate="replace")
+    latency = _woken_after(app, "swap", replace)
+    assert latency < 5.0, latency
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # LISTEN/NOTIFY
 def test_lost_listen_connection_falls_back_to_polling_then_reconnects(make_app, db_url,
                                                                       caplog, monkeypatch):

@@ -270,8 +270,9 @@ class PostgresBackend(SqlBackend):
                 batch = [rows[i] for i in pending]
                 try:
                     with self.map_errors(), self._savepoint(cur, conn, on_duplicate):
-                        got = (cur.execute(one, _scalars(batch[0])) if len(batch) == 1 else
-                               cur.execute(query, _arrays(batch))).fetchall()
+                        params = _scalars(batch[0]) if len(batch) == 1 else _arrays(batch)
+                        got = cur.execute(one if len(batch) == 1 else query,
+                                          {**params, **self.wake_params}).fetchall()
                 except UniqueViolation:
                     raise self._duplicate(cur, batch) from None
                 keyed = {r["key"]: r for r in got if r["key"] is not None}

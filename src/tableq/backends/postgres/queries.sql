@@ -94,23 +94,32 @@ RETURNING id, key;
 -- name: message_insert_replace :many
 -- Replacing resets the delivery: a worker holding the old lease gets LeaseLost on ack.
 -- xmax = 0 tells a freshly inserted row from an updated one.
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-       statement_timestamp(), r.due, r.due
-FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
-      FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
-                  %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
-                  %(ats)b::timestamptz[], %(delays)b::float8[])
-           WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
-                                delay_s, ord)
-      ORDER BY u.ord) r
-ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
-    kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
-    headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
-    last_error = NULL, progress = NULL, received_at = NULL,
-    available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at
-RETURNING id, key, (xmax = 0) AS inserted;
+-- A replaced message due now wakes listening workers the way a send does (the insert
+-- trigger's transition table holds inserted rows only; equal notifications collapse).
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
+           statement_timestamp(), r.due, r.due
+    FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
+          FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+                      %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
+                      %(ats)b::timestamptz[], %(delays)b::float8[])
+               WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
+                                    delay_s, ord)
+          ORDER BY u.ord) r
+    ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
+        kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
+        headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
+        last_error = NULL, progress = NULL, received_at = NULL,
+        available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at
+    RETURNING id, key, topic, available_at, (xmax = 0) AS inserted
+)
+SELECT id, key, inserted,
+       CASE WHEN NOT inserted AND available_at <= statement_timestamp()
+            THEN pg_notify(%(channel)s, json_build_object('topic', topic, 'n', 1)::text)
+       END AS woke
+FROM sent;
 
 -- name: message_insert_one :many
 -- message_insert for a single send, over scalars: array parameters cost a single send about
@@ -134,18 +143,27 @@ ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
 RETURNING id, key;
 
 -- name: message_insert_one_replace :many
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
-       %(priority)s, statement_timestamp(), d.due, d.due
-FROM (SELECT COALESCE(%(at)s::timestamptz,
-                      statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
-ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
-    kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
-    headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
-    last_error = NULL, progress = NULL, received_at = NULL,
-    available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at
-RETURNING id, key, (xmax = 0) AS inserted;
+-- A replaced message due now wakes listening workers the way a send does (the insert
+-- trigger's transition table holds inserted rows only; equal notifications collapse).
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
+           %(priority)s, statement_timestamp(), d.due, d.due
+    FROM (SELECT COALESCE(%(at)s::timestamptz,
+                          statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
+    ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
+        kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
+        headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
+        last_error = NULL, progress = NULL, received_at = NULL,
+        available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at
+    RETURNING id, key, topic, available_at, (xmax = 0) AS inserted
+)
+SELECT id, key, inserted,
+       CASE WHEN NOT inserted AND available_at <= statement_timestamp()
+            THEN pg_notify(%(channel)s, json_build_object('topic', topic, 'n', 1)::text)
+       END AS woke
+FROM sent;
 
 -- name: message_find_keys :many
 SELECT m.id, m.topic, m.key FROM {schema}.message m
