@@ -83,8 +83,9 @@ def _all(res: Any) -> Iterator[str]:
                       f"{' (a multi-second tail)' if max(worst) >= 1000 else ''}"
                       if worst else "")
                    + (f"; p99 per round {', '.join(f'{x:.0f}' for x in p99)} ms" if p99 else ""))
-    yield ("3. wake-ups for nack-to-now, replace and release: not measured by this harness "
-           "(a behaviour check; belongs in the worker's tests)")
+    yield ("3. wake-ups for nack-to-now, replace and release: a behaviour, checked by the "
+           "worker's tests (tests/worker/test_worker.py: a nack back to now and a replace, by "
+           "send and by send_many, wake an idle worker on PostgreSQL and SQLite; MariaDB polls)")
     # 4. Scale
     for variant in (pg, "mysql"):
         labels = res.labels("backlog", variant)

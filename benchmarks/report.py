@@ -311,6 +311,10 @@ def results_markdown(run: dict[str, Any]) -> str:
                      f"{max(loads):.1f}")
     lines += ["- sizes: " + _params_line(run), ""]
     lines += ["## Goals of issue 15", "", *goals.lines(res), ""]
+    misses = Path(__file__).with_name("misses.md")
+    if misses.exists():
+        lines += ["## Why the misses, and the next design step", "",
+                  misses.read_text("utf-8").rstrip(), ""]
     for variant in VARIANTS:
         table = comparison_table(res, variant)
         if table:
