@@ -221,7 +221,12 @@ class SQLiteBackend(SqlBackend):
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         # Without keys nothing can conflict, and this connection holds the write lock, so
         # AUTOINCREMENT hands out consecutive ids.
-        cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
+        if len(rows) == 1:  # a single send: the driver knows the id (one statement less)
+            done = cur.execute(self.Q.message_insert, self._message_params(rows[0]))
+            if done.lastrowid is not None:
+                return [int(done.lastrowid)]
+        else:
+            cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
         last = int(self._value(cur, self.Q.last_insert_id, None, "id"))
         return list(range(last - len(rows) + 1, last + 1))
 
@@ -229,7 +234,9 @@ class SQLiteBackend(SqlBackend):
         params = self._message_params(m)
         found = self._one(cur, self.Q.message_find_key, params)
         if found is None:
-            self._exec(cur, self.Q.message_insert, params)
+            done = cur.execute(self.Q.message_insert, params)
+            if done.lastrowid is not None:
+                return int(done.lastrowid), "sent"
             return int(self._value(cur, self.Q.last_insert_id, None, "id")), "sent"
         if on_duplicate == "ignore":
             return found["id"], "duplicate"
