@@ -223,6 +223,30 @@ def test_send_many_large_batch_keeps_order_and_ids(q: tableq.Queue) -> None:
     assert q.stats("big")[0].live == 0
 
 
+def test_send_many_large_batch_keeps_every_value_as_sent(q: tableq.Queue) -> None:
+    # A batch big enough for PostgreSQL's COPY path: values that COPY's text format must
+    # escape, bytes, kinds, headers and priorities all come back as they were sent.
+    odd = ["tab\there", "new\nline", "cr\rx", "back\\slash", "\\N", "\\u0000 literal",
+           "quote\"s", "ünï©ødé 🎉", "", "\\x41"]
+    items: list[object] = []
+    for i in range(150):
+        if i % 10 == 3:
+            items.append({"payload": bytes([i % 256, 0, 9, 10, 92]), "headers": {"b": "1"}})
+        else:
+            items.append({"payload": {"i": i, "s": odd[i % len(odd)]}, "priority": i % 3,
+                          "headers": {"h": odd[(i + 1) % len(odd)]}})
+    results = q.send_many("esc", items)
+    assert [r.status for r in results] == ["sent"] * 150
+    assert sorted(r.id for r in results) == [r.id for r in results]
+    got = {m.id: m for m in q.receive("esc", max=150)}
+    assert len(got) == 150
+    for r, item in zip(results, items, strict=True):
+        m = got[r.id]
+        assert isinstance(item, dict)
+        assert (m.payload, m.headers, m.priority) == (
+            item["payload"], item["headers"], item.get("priority", 0))
+
+
 def test_send_many_error_mode_is_all_or_nothing(q: tableq.Queue) -> None:
     q.send("ae", 0, key="taken")
     with pytest.raises(DuplicateMessage):
@@ -331,11 +355,15 @@ def test_outbox_send_commits_and_rolls_back_with_the_callers_transaction(
         q.send("outbox", "rolled back", connection=conn)
         assert q.stats("outbox")[0].live == 0  # invisible before commit
         conn.rollback()
+        q.send_many("outbox", range(600), connection=conn)  # a batch big enough for COPY
+        assert q.stats("outbox")[0].live == 0
+        conn.rollback()
         q.send_many("outbox", ["kept-1", "kept-2"], connection=conn)
+        q.send_many("outbox", [f"kept-{i}" for i in range(3, 603)], connection=conn)
         conn.commit()
     finally:
         conn.close()
-    assert [m.payload for m in q.peek("outbox")] == ["kept-1", "kept-2"]
+    assert [m.payload for m in q.peek("outbox", 1000)] == [f"kept-{i}" for i in range(1, 603)]
     with pytest.raises(InvalidArgument):
         q.send("outbox", 1, connection=object())
 

@@ -56,6 +56,8 @@ DIALECT_ONLY = {
         "savepoint_set", "savepoint_release", "savepoint_rollback",
         # COPY bulk loads under load parts, async commit, NOTIFY wake-ups
         "message_copy", "message_copy_due", "stage_copy", "stage_async_commit",
+        # send_many's unkeyed batches by COPY, with their ids taken from the sequence first
+        "message_copy_sent", "message_ids_take",
         "load_part_open", "load_part_publish", "load_part_rows", "load_part_drop",
         "load_notify", "listen",
         # a schema per namespace

@@ -165,6 +165,16 @@ SELECT id, key, inserted,
        END AS woke
 FROM sent;
 
+-- name: message_ids_take :one
+-- Ids for a batch sent by COPY (message_copy_sent), which cannot return the ids it assigns.
+-- The identity column's own sequence, named as PostgreSQL names it (0001_init.sql).
+SELECT array_agg(nextval('{schema}.message_id_seq')) AS ids FROM generate_series(1, %(n)s);
+
+-- name: message_copy_sent :copy
+-- An unkeyed batch due now: the fastest way in. The due times default to the server's time;
+-- the insert trigger wakes listening workers as for any send.
+COPY {schema}.message (id, topic, kind, payload, payload_bytes, headers, priority) FROM STDIN;
+
 -- name: message_find_keys :many
 SELECT m.id, m.topic, m.key FROM {schema}.message m
 JOIN unnest(%(topics)b::text[], %(keys)b::text[]) AS u(topic, key)
