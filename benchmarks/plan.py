@@ -132,7 +132,9 @@ def build(mode: str, scenarios: list[str], dbs: list[str], systems: list[str] | 
         for system in PEERS.get(("pickup", db), []) if "pickup" in scenarios else []:
             samples = m["samples"] if system != "kombu" else max(10, m["samples"] // 4)
             add("pickup", db, system, "idle", "pickup",
-                {"samples": samples, "notify": db == "postgres"})
+                # each database's own wake-up: NOTIFY on PostgreSQL, the commit-counter watch
+                # on SQLite; MariaDB has none and polls
+                {"samples": samples, "notify": db != "mysql"})
         for system in (PEERS.get(("pickup_busy", db), []) if "pickup_busy" in scenarios
                        else []):
             add("pickup_busy", db, system, "4 workers busy", "pickup",
