@@ -326,8 +326,10 @@ def _listening(port: int) -> bool:
 def _watch(argv: list[str], cwd: Path, env: dict[str, str]) -> None:
     out = cwd / f"watch-{uuid.uuid4().hex[:6]}.txt"
     with open(out, "wb") as sink:
+        # Ctrl-C as from a terminal, even when this run inherited an ignored SIGINT.
         proc = subprocess.Popen([sys.executable, "-m", "tableq.cli", *argv[1:]],
-                                cwd=str(cwd), env=env, stdout=sink, stderr=subprocess.STDOUT)
+                                cwd=str(cwd), env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: "backlog" in out.read_text(errors="replace"), timeout=60)
         proc.send_signal(signal.SIGINT)

@@ -170,9 +170,12 @@ def test_stats_watch_refreshes_and_quits_on_ctrl_c(db_url, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TABLEQ_URL"}
     env["PYTHONPATH"] = str(SRC_DIR)
     with open(out, "wb") as sink:
+        # As from a terminal: a test run started in the background (as by `cmd &` in a
+        # script) ignores SIGINT, and a child Python would inherit that and never see Ctrl-C.
         proc = subprocess.Popen([sys.executable, "-m", "tableq.cli", "--url", db_url, "stats",
                                  "--watch", "--interval", "0.2"], stdout=sink,
-                                stderr=subprocess.STDOUT, env=env)
+                                stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # Rates appear from the second sample on.
         wait_until(lambda: out.read_text().count("watched") >= 2, timeout=20)
