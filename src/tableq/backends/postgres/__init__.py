@@ -106,14 +106,17 @@ def _copy_field(value: str | None) -> str:
     return value
 
 
+def _copy_payload(text: str | None, data: bytes | None) -> str:
+    """The payload and payload_bytes columns in COPY's text format (one of them is NULL)."""
+    return _copy_field(text) + "\t\\N" if data is None else "\\N\t\\\\x" + data.hex()
+
+
 def copy_sent_text(ids: Sequence[int], rows: Sequence[NewMessage]) -> str:
     """message_copy_sent rows, as one block of COPY text (see copy_text)."""
     field = _copy_field
-    return "".join([
-        f"{i}\t{field(m.topic)}\t{field(m.kind)}\t"
-        + (field(m.json_text) + "\t\\N" if m.data is None else "\\N\t\\\\x" + m.data.hex())
-        + f"\t{field(m.headers_json)}\t{m.priority}\n"
-        for i, m in zip(ids, rows, strict=True)])
+    return "".join([f"{i}\t{field(m.topic)}\t{field(m.kind)}\t{_copy_payload(m.json_text, m.data)}"
+                    f"\t{field(m.headers_json)}\t{m.priority}\n"
+                    for i, m in zip(ids, rows, strict=True)])
 
 
 def copy_text(load_part: int, t: NewMessage,
@@ -122,10 +125,7 @@ def copy_text(load_part: int, t: NewMessage,
     psycopg's write_row per row cost as much client time as encoding the payloads."""
     head = f"{_copy_field(t.topic)}\t{_copy_field(t.kind)}\t"
     tail = f"\t{_copy_field(t.headers_json)}\t{t.priority}\t{load_part}\n"
-    field = _copy_field
-    return "".join([head + (field(text) + "\t\\N" if data is None
-                            else "\\N\t\\\\x" + data.hex()) + tail
-                    for text, data in payloads])
+    return "".join([head + _copy_payload(text, data) + tail for text, data in payloads])
 
 
 class PostgresBackend(SqlBackend):

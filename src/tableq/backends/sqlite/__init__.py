@@ -223,10 +223,8 @@ class SQLiteBackend(SqlBackend):
         # AUTOINCREMENT hands out consecutive ids.
         if len(rows) == 1:  # a single send: the driver knows the id (one statement less)
             done = cur.execute(self.Q.message_insert, self._message_params(rows[0]))
-            if done.lastrowid is not None:
-                return [int(done.lastrowid)]
-        else:
-            cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
+            return [int(done.lastrowid)]
+        cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
         last = int(self._value(cur, self.Q.last_insert_id, None, "id"))
         return list(range(last - len(rows) + 1, last + 1))
 
@@ -234,10 +232,7 @@ class SQLiteBackend(SqlBackend):
         params = self._message_params(m)
         found = self._one(cur, self.Q.message_find_key, params)
         if found is None:
-            done = cur.execute(self.Q.message_insert, params)
-            if done.lastrowid is not None:
-                return int(done.lastrowid), "sent"
-            return int(self._value(cur, self.Q.last_insert_id, None, "id")), "sent"
+            return int(cur.execute(self.Q.message_insert, params).lastrowid), "sent"
         if on_duplicate == "ignore":
             return found["id"], "duplicate"
         if on_duplicate == "replace":
