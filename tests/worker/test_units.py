@@ -62,13 +62,13 @@ def test_poll_policy_drains_then_backs_off():
 
 def test_poll_policy_caps_a_polling_worker_shorter_than_a_listening_one():
     # Without a listener (MariaDB, use_notify=False) nothing ends the wait early, so the
-    # default cap keeps a send's pickup within 0.1 s; with one, hints do and 2 s is enough.
+    # default cap keeps a send's pickup within 0.08 s; with one, hints do and 2 s is enough.
     p = PollPolicy()
-    assert (p.cap(listening=True), p.cap(listening=False)) == (2.0, 0.1)
+    assert (p.cap(listening=True), p.cap(listening=False)) == (2.0, 0.08)
     d = 0.0
     for _ in range(20):
         d = p.next_delay(d, False, listening=False)
-    assert d == 0.1
+    assert d == 0.08
     assert PollPolicy(interval_max_s=5.0).cap(listening=False) == 5.0  # a set cap is kept
     assert PollPolicy(interval_min_s=0.5).cap(listening=False) == 0.5  # never below the floor
 

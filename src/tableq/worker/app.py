@@ -52,7 +52,7 @@ class App:
     `app = tableq.App("postgresql://...")`, or `App()` for $TABLEQ_URL or the embedded
     SQLite file. Extra keyword arguments go to tableq.connect() (max_attempts,
     visibility_timeout, migrate, ...). Worker settings: poll_interval_min/max (adaptive
-    polling; the max defaults to 2 s with a NOTIFY or SQLite listener and 0.1 s without
+    polling; the max defaults to 2 s with a NOTIFY or SQLite listener and 0.08 s without
     one), grace_period (shutdown), prefetch (messages always fetched beyond free
     threads), prefetch_wait (fetch ahead what the threads start within this many seconds;
     0 fetches only for free threads, so a worker killed -9 never holds unstarted messages),
