@@ -14,9 +14,7 @@ position without having been leased: an outbox send whose transaction committed 
 claim passed its due time, a send scheduled in the past, a row a failed claim had locked.
 Such rows are never lost, only served later: a claim from the position that finds nothing
 reads from the start at once, one that comes back short makes the next claim read from the
-start, and every SWEEP_S at the latest a claim starts from the beginning anyway. A read from
-the start that finds nothing keeps the position, so that the next burst of sends is claimed
-from there again rather than by a walk from the start.
+start, and every SWEEP_S at the latest a claim starts from the beginning anyway.
 
 (InnoDB keeps delete-marked records until purge, too, but a position does not help there: a
 range scan walks the delete-marked records past its end up to the next live one, and
@@ -30,48 +28,39 @@ from typing import Any
 
 # A claim starts from the index's beginning at least this often, so that a row behind the
 # position waits at most this long while claims from the position keep coming back full.
-SWEEP_S = 5.0
+SWEEP_S = 2.0
 # The lowest priority a message can have (they are 32-bit).
 _LOWEST = -(2**31)
 
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """The claim-order key of the last message a claim leased, in the database's own types;
-    when (time.monotonic) a claim on this topic last read from the start; and whether the
-    next one must (the last claim from here came back short)."""
+    """The claim-order key of the last message a claim leased, in the database's own types,
+    and when (time.monotonic) a claim on this topic last read from the start."""
 
     priority: int
     due: Any
     id: int
     swept_at: float
-    from_start_next: bool = False
 
 
 def start(position: Position | None, now: float) -> Position | None:
     """Where the next claim reads from: `position`, or None for the index's beginning when
-    there is none, the last claim from it came back short, or the last read from the
-    beginning is SWEEP_S old."""
-    if (position is None or position.from_start_next
-            or now - position.swept_at >= SWEEP_S):
+    there is no position or the last read from the beginning is SWEEP_S old."""
+    if position is None or now - position.swept_at >= SWEEP_S:
         return None
     return position
 
 
-def after(kept: Position | None, start: Position | None, leased: int, wanted: int,
+def after(start: Position | None, leased: int, wanted: int,
           last: tuple[int, Any, int] | None, now: float) -> Position | None:
-    """The position after a claim that read from `start` (None: the beginning) and leased
-    `leased` of the `wanted` messages, the last with key `last`; `kept` is the position it
-    replaces. A claim that leased nothing keeps the old key (nothing was due before it, and
-    what comes later sorts after it or is found by the next read from the start)."""
-    if last is None:
-        if kept is None:
-            return None
-        last = (kept.priority, kept.due, kept.id)
+    """The position after a claim from `start` that leased `leased` of the `wanted` messages,
+    the last with key `last`: there, unless it leased nothing, or it read from a position and
+    came back short (then the next claim reads from the start)."""
+    if last is None or (start is not None and leased < wanted):
+        return None
     priority, due, msg_id = last
-    swept_at = now if start is None else start.swept_at
-    return Position(priority, due, msg_id, swept_at,
-                    from_start_next=start is not None and leased < wanted)
+    return Position(priority, due, msg_id, now if start is None else start.swept_at)
 
 
 def params(position: Position | None) -> dict[str, Any]:

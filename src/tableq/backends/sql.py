@@ -308,15 +308,14 @@ class SqlBackend(Backend):
         if not self.claims_from_position or spec.where is not None:
             return self._claim_at(spec, None, conn)
         now = time.monotonic()
-        kept = self._positions.get(spec.topic)
-        start = position.start(kept, now)
+        start = position.start(self._positions.get(spec.topic), now)
         result = self._claim_at(spec, start, conn)
         if start is not None and not result.rows:
             again = self._claim_at(spec, None, conn)
             result = ClaimResult(again.rows, result.dead_lettered + again.dead_lettered,
                                  again.last)
             start = None
-        self._positions[spec.topic] = position.after(kept, start, len(result.rows), spec.max,
+        self._positions[spec.topic] = position.after(start, len(result.rows), spec.max,
                                                      result.last, now)
         return result
 
