@@ -64,10 +64,10 @@ def after(start: Position | None, leased: int, wanted: int,
 
 
 def params(position: Position | None) -> dict[str, Any]:
-    """The claim statement's parameters for reading from `position` (None: the beginning).
-    Priorities from `from_priority` up are read from the start (>=, not >: MariaDB ranges
-    over a descending key part only so), then `after_priority` after (after_due, after_id);
-    with no position, that is every priority, and no row after a key."""
+    """The claim statement's parameters for reading from `position` (None: the beginning):
+    the priorities from `from_priority` up are read from the start, and `after_priority`
+    after (after_due, after_id); with no position, that is every priority from the start,
+    and no row after a key."""
     if position is None:
         return {"from_priority": _LOWEST, "after_priority": _LOWEST - 1, "after_due": None,
                 "after_id": None}
