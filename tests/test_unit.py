@@ -8,7 +8,6 @@ import re
 import pytest
 
 import tableq
-from tableq.backends import position
 from tableq.backends._queries import parse_named, split_statements
 from tableq.backends.base import NewMessage
 from tableq.codecs import EncodedJson, JsonText, KindRegistry, encode_payload, encode_payloads
@@ -362,20 +361,3 @@ def test_mysql_lock_conflicts_are_retried_whole(code: int) -> None:
 
     with pytest.raises(TransientError), map_errors("mysql://test"):
         raise pymysql.err.OperationalError(code, "conflict")
-
-
-def test_claim_positions_read_on_and_fall_back_to_the_start() -> None:
-    # backends/position.py: where a topic's next claim reads from (None: the beginning).
-    first = position.after(None, 10, 10, (0, "t1", 7), now=100.0)
-    assert first == position.Position(0, "t1", 7, swept_at=100.0)
-    assert position.start(first, 101.0) is first  # reads on from the last key leased
-    assert position.start(first, 100.0 + position.SWEEP_S) is None  # and sweeps from the start
-    full = position.after(first, 10, 10, (0, "t2", 9), now=101.0)
-    assert full == position.Position(0, "t2", 9, swept_at=100.0)  # the sweep clock runs on
-    assert position.after(full, 3, 10, (0, "t3", 12), now=101.5) is None  # short: the start
-    assert position.after(None, 3, 10, (0, "t3", 12), now=101.5) == position.Position(
-        0, "t3", 12, swept_at=101.5)  # a short read from the start still leaves a position
-    assert position.after(None, 0, 10, None, now=102.0) is None
-    assert position.params(None)["from_priority"] == -(2**31)  # every priority from the start
-    assert position.params(first) == {"from_priority": 1, "after_priority": 0,
-                                      "after_due": "t1", "after_id": 7}

@@ -5,12 +5,10 @@ come back as plain rows; the test clock makes every due time exact."""
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tableq.backends import position
 from tableq.backends.base import (
     Backend,
     ClaimSpec,
@@ -193,53 +191,6 @@ def test_claim_leases_in_delivery_order_and_ack_fences(backend: Backend) -> None
     assert backend.done_match(refs(got.rows)) == set()
 
 
-def payloads(rows: list[dict[str, object]]) -> list[object]:
-    return [r["payload"]["n"] for r in rows]  # type: ignore[index]
-
-
-def test_claims_from_the_last_position_keep_priority_order(backend: Backend) -> None:
-    # A claim reads on from the last key it leased (backends/position.py): a higher priority
-    # sent later still comes first, and a lower one comes once the current one runs out.
-    backend.message_insert([msg({"n": i}, priority=5) for i in range(3)], "error")
-    assert payloads(backend.message_claim(spec(1)).rows) == [0]
-    backend.message_insert([msg({"n": 10}, priority=9), msg({"n": 20}, priority=0)], "error")
-    assert payloads(backend.message_claim(spec(1)).rows) == [10]
-    assert payloads(backend.message_claim(spec(10)).rows) == [1, 2, 20]
-    assert backend.message_claim(spec(10)).rows == []
-
-
-def test_a_message_behind_the_position_is_still_delivered(
-        backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A send scheduled in the past sorts before what was already claimed. A claim that finds
-    # nothing after the position reads from the start at once ...
-    from_position = getattr(backend, "claims_from_position", False)  # else: from the start
-    now = backend.now()
-    backend.message_insert([msg({"n": 0}), msg({"n": 1})], "error")
-    assert payloads(backend.message_claim(spec(1)).rows) == [0]
-    assert payloads(backend.message_claim(spec(1)).rows) == [1]
-    backend.message_insert([msg({"n": 10}, at=now - timedelta(seconds=60))], "error")
-    assert payloads(backend.message_claim(spec(1)).rows) == [10]
-    # ... one that comes back short makes the next claim read from the start ...
-    backend.message_insert([msg({"n": i}) for i in range(2, 5)], "error")
-    assert payloads(backend.message_claim(spec(1)).rows) == [2]
-    backend.message_insert([msg({"n": 11}, at=now - timedelta(seconds=50))], "error")
-    if from_position:
-        assert payloads(backend.message_claim(spec(10)).rows) == [3, 4]
-        assert payloads(backend.message_claim(spec(10)).rows) == [11]
-    else:
-        assert payloads(backend.message_claim(spec(10)).rows) == [11, 3, 4]
-    # ... and while claims from the position keep coming back full, one starts from the
-    # beginning every SWEEP_S.
-    monkeypatch.setattr(position, "SWEEP_S", 0.2)
-    backend.message_insert([msg({"n": i}) for i in range(20, 24)], "error")
-    assert payloads(backend.message_claim(spec(1)).rows) == [20]
-    backend.message_insert([msg({"n": 12}, at=now - timedelta(seconds=40))], "error")
-    assert payloads(backend.message_claim(spec(1)).rows) == ([21] if from_position else [12])
-    time.sleep(0.25)
-    assert payloads(backend.message_claim(spec(1)).rows) == ([12] if from_position else [21])
-    assert payloads(backend.message_claim(spec(10)).rows) == [22, 23]
-
-
 def test_ack_retain_archives_and_done_match_finds_it(backend: Backend) -> None:
     backend.message_insert([msg(), msg()], "error")
     rows = backend.message_claim(spec()).rows
@@ -322,7 +273,6 @@ def test_release_with_and_without_penalty(backend: Backend) -> None:
 def test_spent_messages_are_buried_at_claim(backend: Backend) -> None:
     backend.message_insert([msg({"n": 1}), msg({"n": 2})], "error")
     rows = backend.message_claim(spec(1, max_attempts=1)).rows
-    backend.advance_clock(1)  # released after its claim's due time, as on a moving clock
     backend.message_release(rows[0]["id"], rows[0]["lease"], 0, "failed", True)
     got = backend.message_claim(spec(5, max_attempts=1))
     assert got.dead_lettered == 1 and [r["payload"]["n"] for r in got.rows] == [2]

@@ -133,9 +133,6 @@ class ClaimSpec:
 class ClaimResult:
     rows: list[Row]
     dead_lettered: int  # messages moved to the dead-letter store because they ran out of attempts
-    # The claim-order key (priority, due time, id) of the last row leased, in the database's
-    # own types (where the next claim on the topic can start: backends/position.py).
-    last: tuple[int, Any, int] | None = None
 
 
 class TransientError(DatabaseBusy):

@@ -10,14 +10,12 @@ themselves live in the dialect's queries.sql; this module holds no SQL."""
 from __future__ import annotations
 
 import json
-import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
-from tableq.backends import position
 from tableq.backends._pool import Pool
 from tableq.backends._queries import Migration, Queries, apply_pending
 from tableq.backends.base import (
@@ -41,7 +39,6 @@ from tableq.backends.base import (
     shape_row,
     token_record,
 )
-from tableq.backends.position import Position
 from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
 from tableq.tokens import IdempotencyRecord, NewToken, TokenRecord
 
@@ -71,13 +68,6 @@ class SqlBackend(Backend):
     connection_name: ClassVar[str]
     # Parameters of the statements that wake listeners (PostgreSQL: the NOTIFY channel).
     wake_params: Params = {}  # noqa: RUF012 - replaced, never mutated
-    # Whether plain claims read from the topic's last position (backends/position.py): on
-    # databases whose old row versions stay in the claim index until VACUUM or purge.
-    claims_from_position: ClassVar[bool] = False
-
-    def __init__(self) -> None:
-        # topic -> where its next plain claim starts (claims_from_position dialects only)
-        self._positions: dict[str, Position | None] = {}
 
     # --- what a dialect supplies --------------------------------------------------------------
 
@@ -300,29 +290,14 @@ class SqlBackend(Backend):
                 "payload_bytes": m.data, "headers": m.headers_json, "priority": m.priority,
                 "at": self._db_time(m.at), **self._span("delay", m.delay_s)}
 
-    # --- receiving ----------------------------------------------------------------------------
+    # --- receiving: select due, dead-letter the spent, lease the rest (dialects without one
+    # claiming statement) ----------------------------------------------------------------
+
+    def _due(self, cur: Cursor, spec: ClaimSpec) -> list[Row]:
+        sql, params = self._receive(self.Q.message_due, self.Q.message_due_where, spec.where)
+        return self._all(cur, sql, {**params, "topic": spec.topic, "max": spec.max})
 
     def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
-        """Reads from the topic's last position where the dialect keeps one (plain claims
-        only; backends/position.py), and from the start when nothing is there."""
-        if not self.claims_from_position or spec.where is not None:
-            return self._claim_at(spec, None, conn)
-        now = time.monotonic()
-        start = position.start(self._positions.get(spec.topic), now)
-        result = self._claim_at(spec, start, conn)
-        if start is not None and not result.rows:
-            again = self._claim_at(spec, None, conn)
-            result = ClaimResult(again.rows, result.dead_lettered + again.dead_lettered,
-                                 again.last)
-            start = None
-        self._positions[spec.topic] = position.after(start, len(result.rows), spec.max,
-                                                     result.last, now)
-        return result
-
-    def _claim_at(self, spec: ClaimSpec, start: Position | None, conn: Any) -> ClaimResult:
-        """One claim reading from `start` (None: the beginning). This one, for dialects
-        without one claiming statement, keeps no position: it selects the due rows from the
-        start, dead-letters the spent and leases the rest, in one transaction."""
         def run(cur: Cursor) -> ClaimResult:
             due = self._due(cur, spec)
             spent = [r["id"] for r in due if r["attempts"] >= spec.max_attempts]
@@ -340,10 +315,6 @@ class SqlBackend(Backend):
                 row["charged"] = charged
             return ClaimResult(rows, len(spent))
         return self.run(run, conn, tx=True)
-
-    def _due(self, cur: Cursor, spec: ClaimSpec) -> list[Row]:
-        sql, params = self._receive(self.Q.message_due, self.Q.message_due_where, spec.where)
-        return self._all(cur, sql, {**params, "topic": spec.topic, "max": spec.max})
 
     def _lease(self, cur: Cursor, spec: ClaimSpec, live: list[Row],
                flags: list[bool]) -> list[Row]:

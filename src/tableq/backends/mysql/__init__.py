@@ -66,7 +66,6 @@ class MySQLBackend(SqlBackend):
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32,
                  connect_timeout_s: float = 10,
                  transaction_idle_timeout_s: float = 300.0, test_clock: bool = False) -> None:
-        super().__init__()
         self.url, self.where = url, url.redacted
         self.prefix = url.namespace
         self.test_clock = bool(test_clock)

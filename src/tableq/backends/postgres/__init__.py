@@ -15,7 +15,6 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from tableq.backends import position
 from tableq.backends._pool import Pool
 from tableq.backends._queries import Migration, load_migrations, load_queries
 from tableq.backends.base import (
@@ -30,7 +29,6 @@ from tableq.backends.base import (
     chunks,
     gather,
 )
-from tableq.backends.position import Position
 from tableq.backends.postgres.errors import map_errors
 from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
@@ -132,14 +130,12 @@ def copy_text(load_part: int, t: NewMessage,
 
 class PostgresBackend(SqlBackend):
     dialect = "postgres"
-    claims_from_position: ClassVar[bool] = True
     connection_type: ClassVar[type] = psycopg.Connection
     connection_name: ClassVar[str] = "psycopg 3 Connection"
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32, connect_timeout_s: float = 10,
                  application_name: str = "tableq",
                  transaction_idle_timeout_s: float = 300.0, test_clock: bool = False) -> None:
-        super().__init__()
         self.url, self.where = url, url.redacted
         self.schema = url.namespace
         quoted = f'"{self.schema}"'
@@ -362,20 +358,16 @@ class PostgresBackend(SqlBackend):
                       charge_last=spec.charge_last)
         return sql, params
 
-    def _claim_at(self, spec: ClaimSpec, start: Position | None, conn: Any) -> ClaimResult:
+    def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
         # A filtered claim has no ids-only twin: it returns whole rows, of which the ids are kept.
         plain = self.Q.message_claim_ids if spec.ids_only else self.Q.message_claim
         sql, params = self._claim_params(plain, self.Q.message_claim_where, spec)
-        if spec.where is None:
-            params.update(position.params(start))
         raw = self.run(lambda cur: self._all(cur, sql, params), conn)
         dead_lettered = int(raw[0]["dead_lettered"]) if raw else 0
         leased = [r for r in raw if r["id"] is not None]
-        last = leased[-1] if leased else None
-        key = (last["due_priority"], last["due_at"], last["id"]) if last else None
         if spec.ids_only:
-            return ClaimResult([{"id": r["id"]} for r in leased], dead_lettered, key)
-        return ClaimResult([self._row(r) for r in leased], dead_lettered, key)
+            return ClaimResult([{"id": r["id"]} for r in leased], dead_lettered)
+        return ClaimResult([self._row(r) for r in leased], dead_lettered)
 
     def message_take(self, spec: ClaimSpec) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, self.Q.message_take_where, spec)

@@ -184,31 +184,13 @@ JOIN unnest(%(topics)b::text[], %(keys)b::text[]) AS u(topic, key)
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
 -- Rows already received max_attempts times go to the dead-letter store instead; the final
 -- LEFT JOIN returns one row even when nothing was leased, to carry the dead-lettered count.
--- It reads priorities from from_priority up from the index's start, and after_priority
--- only after the key (after_due, after_id) the last claim leased (backends/position.py), so it
--- does not walk the old row versions behind it; from the lowest priority, with no row
--- after a key, it reads the whole index from the start.
-WITH above AS (
+WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
-    WHERE topic = %(topic)s AND priority >= %(from_priority)s::bigint
-      AND available_at <= statement_timestamp()
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp()
       AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
-), onward AS (
-    SELECT id, attempts, priority, available_at FROM {schema}.message
-    WHERE topic = %(topic)s AND priority = %(after_priority)s::bigint
-      AND (available_at, id) > (%(after_due)s::timestamptz, %(after_id)s::bigint)
-      AND available_at <= statement_timestamp()
-      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
-    ORDER BY available_at, id
-    LIMIT %(max)s
-    FOR UPDATE SKIP LOCKED
-), due AS (
-    SELECT * FROM above UNION ALL SELECT * FROM onward
-    ORDER BY priority DESC, available_at, id
-    LIMIT %(max)s
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
@@ -310,31 +292,13 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
 -- Rows already received max_attempts times go to the dead-letter store instead; the final
 -- LEFT JOIN returns one row even when nothing was leased, to carry the dead-lettered count.
--- It reads priorities from from_priority up from the index's start, and after_priority
--- only after the key (after_due, after_id) the last claim leased (backends/position.py), so it
--- does not walk the old row versions behind it; from the lowest priority, with no row
--- after a key, it reads the whole index from the start.
-WITH above AS (
+WITH due AS (
     SELECT id, attempts, priority, available_at FROM {schema}.message
-    WHERE topic = %(topic)s AND priority >= %(from_priority)s::bigint
-      AND available_at <= statement_timestamp()
+    WHERE topic = %(topic)s AND available_at <= statement_timestamp()
       AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
     ORDER BY priority DESC, available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
-), onward AS (
-    SELECT id, attempts, priority, available_at FROM {schema}.message
-    WHERE topic = %(topic)s AND priority = %(after_priority)s::bigint
-      AND (available_at, id) > (%(after_due)s::timestamptz, %(after_id)s::bigint)
-      AND available_at <= statement_timestamp()
-      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
-    ORDER BY available_at, id
-    LIMIT %(max)s
-    FOR UPDATE SKIP LOCKED
-), due AS (
-    SELECT * FROM above UNION ALL SELECT * FROM onward
-    ORDER BY priority DESC, available_at, id
-    LIMIT %(max)s
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
@@ -370,7 +334,7 @@ WITH above AS (
     RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
               ranked.charged
 )
-SELECT l.id, l.due_priority, l.due_at, b.dead_lettered
+SELECT l.id, b.dead_lettered
 FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l ON true
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 

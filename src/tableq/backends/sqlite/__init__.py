@@ -109,7 +109,6 @@ class SQLiteBackend(SqlBackend):
 
     def __init__(self, url: DatabaseURL, *, synchronous: str = "FULL",
                  busy_timeout_s: float = 10.0, test_clock: bool = False) -> None:
-        super().__init__()
         sync = str(synchronous).upper()
         if sync not in SYNCHRONOUS:
             raise InvalidArgument("synchronous must be FULL, NORMAL or EXTRA")
