@@ -490,17 +490,27 @@ class Queue:
         return list(zip(msgs, charged, strict=True))
 
     def _charge(self, msgs: Sequence[Message[P]], *,
-                extend: float | timedelta | None = None) -> list[Message[P]]:
+                extend: float | timedelta | None = None,
+                started: Callable[[list[Message[P]]], None] | None = None,
+                ) -> list[Message[P]]:
         """Charges one attempt to each message still held and extends its lease to `extend`
         seconds from now, in one statement. Returns those messages with their new attempt
-        count and lease expiry; the missing ones had lost their lease (nothing changed)."""
+        count and lease expiry; the missing ones had lost their lease (nothing changed).
+        With `started`, the charge commits only after started(those messages) returned (the
+        worker records a last attempt's start there: a worker killed before has charged
+        nothing)."""
         charges = [(*self._leased(m, "charge"), m.attempts) for m in msgs]
         if not charges:
             return []
+
+        def charged(done: dict[int, tuple[int, datetime]]) -> list[Message[P]]:
+            return [_replace(m, attempts=done[m.id][0], available_at=done[m.id][1])
+                    for m in msgs if m.id in done]
+
         done = self._backend.message_charge(
-            charges, seconds("extend", extend, self.visibility_timeout_s))
-        return [_replace(m, attempts=done[m.id][0], available_at=done[m.id][1])
-                for m in msgs if m.id in done]
+            charges, seconds("extend", extend, self.visibility_timeout_s),
+            None if started is None else lambda done: started(charged(done)))
+        return charged(done)
 
     # --- settling -----------------------------------------------------------------------------
 

@@ -5,6 +5,9 @@ come back as plain rows; the test clock makes every due time exact."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -299,6 +302,51 @@ def test_deferred_charge_and_extensions(backend: Backend) -> None:
     assert backend.message_extend(got[0]["id"], "stale", 45, None) is None
     assert backend.message_extend_many(refs(got) + [(got[0]["id"], "stale")], 20) == {
         r["id"]: now + timedelta(seconds=20) for r in got}
+
+
+class Died(Exception):
+    pass
+
+
+def test_a_charge_that_records_a_start_commits_after_it(backend: Backend, db_url: str) -> None:
+    # The worker records a last attempt's start inside its charge (lane.py): started() sees
+    # the charge's result before the COMMIT, so a caller that dies before it returns has
+    # charged nothing, neither by an exception nor killed (SIGKILL) in a real process.
+    backend.message_insert([msg({"n": 0})], "error")
+    [row] = backend.message_claim(spec(1, charge=0)).rows
+    ref = [(row["id"], row["lease"], 0)]
+    seen: list[dict[int, tuple[int, datetime]]] = []
+
+    def die(done: dict[int, tuple[int, datetime]]) -> None:
+        seen.append(dict(done))
+        raise Died
+
+    with pytest.raises(Died):
+        backend.message_charge(ref, 60, started=die)
+    assert [{i: a for i, (a, _) in d.items()} for d in seen] == [{row["id"]: 1}]
+    assert backend.message_get(row["id"])["attempts"] == 0  # type: ignore[index]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_CHARGE, db_url, json.dumps(ref)],
+        capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert killed.stdout == "charged, not committed\n"
+    assert backend.message_get(row["id"])["attempts"] == 0  # type: ignore[index]
+    assert backend.message_charge(ref, 60, started=seen.append)[row["id"]][0] == 1
+    assert backend.message_get(row["id"])["attempts"] == 1  # type: ignore[index]
+
+
+KILLED_MID_CHARGE = """
+import json, os, signal, sys
+from tableq.connect import open_backend
+from tableq.url import parse_url
+
+def killed(done):
+    print("charged, not committed", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+b = open_backend(parse_url(sys.argv[1]), test_clock=True)
+b.message_charge([tuple(r) for r in json.loads(sys.argv[2])], 60, started=killed)
+"""
 
 
 def test_ids_only_claims_and_group_leases(backend: Backend) -> None:

@@ -100,6 +100,10 @@ class Filter:
     fields: tuple[tuple[str, Any], ...]
 
 
+# message_charge's `started`: called with the charge's result before it commits.
+Charged = Callable[[dict[int, tuple[int, datetime]]], None]
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimSpec:
     topic: str
@@ -230,12 +234,14 @@ class Backend(ABC):
         conn: Any = None,
     ) -> bool: ...
     @abstractmethod
-    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float
-               ) -> dict[int, tuple[int, datetime]]:
+    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float,
+                       started: Charged | None = None) -> dict[int, tuple[int, datetime]]:
         """Charges one attempt to each delivery still held under (id, lease, attempts it was
         received with) and extends its lease to extend_s from now; returns {id: (attempts,
         new expiry)} for those. Idempotent: charging the same delivery again (a retry after a
-        lost COMMIT reply) leaves its count as the first charge set it."""
+        lost COMMIT reply) leaves its count as the first charge set it. With `started`, the
+        charge is one transaction that calls started(result) before its COMMIT: a caller
+        that dies before then (a killed worker) has charged nothing."""
     @abstractmethod
     def message_extend(
         self, msg_id: int, lease: str, extend_s: float, progress_json: str | None

@@ -21,6 +21,7 @@ from tableq.backends._queries import Migration, Queries, apply_pending
 from tableq.backends.base import (
     RETRY_ATTEMPTS,
     Backend,
+    Charged,
     ClaimResult,
     ClaimSpec,
     Filter,
@@ -355,16 +356,18 @@ class SqlBackend(Backend):
         else:
             yield from chunks(refs, self.refs_per_statement)
 
-    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float
-               ) -> dict[int, tuple[int, datetime]]:
+    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float,
+                       started: Charged | None = None) -> dict[int, tuple[int, datetime]]:
         def run(cur: Cursor) -> dict[int, tuple[int, datetime]]:
             out: dict[int, tuple[int, datetime]] = {}
             for part in self._ref_parts(charges):
                 p = {**self._charges(part), **self._span("extend", extend_s)}
                 out.update((r["id"], (r["attempts"], self._to_time(r["available_at"])))
                            for r in self._all(cur, self.Q.message_charge, p))
+            if started is not None:
+                started(out)
             return out
-        return self.run(run)
+        return self.run(run, tx=started is not None)
 
     def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
                     ) -> dict[int, datetime]:

@@ -18,8 +18,10 @@ starts within CHARGE_AHEAD_S at its measured pace (the time between starts): mil
 jobs pay one round trip per window, not per message, and slow jobs (further apart than
 CHARGE_AHEAD_S) are never charged ahead. A worker killed with charged messages waiting has
 spent their attempts, but never the last one: a message's last allowed attempt is charged
-only right before its own handler starts, so no message is dead-lettered without its
-processing having begun (W4; "begun": charged, then the handler called, or first, in
+only right before its own handler starts, in a transaction that records the start (the
+`received` event) before it commits, so a worker killed while that charge is in flight (by
+another of its handlers) has spent nothing, and no message is dead-lettered without its
+processing having begun (W4, F2; "begun": charged, then the handler called, or first, in
 exactly-once mode, its transaction opened, which on SQLite may wait for the write lock),
 while one that kills its worker whenever it runs is dead-lettered after exactly
 max_attempts runs."""
@@ -33,7 +35,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tableq.errors import TableqError
@@ -63,6 +65,7 @@ class Job:
     charging: bool = False  # a charge statement for it is in flight
     lost: bool = False  # its lease was found taken: never start it
     popped: bool = False  # a thread took it from the buffer
+    announced: bool = False  # its start was recorded (events.RECEIVED) before its charge committed
 
 
 def charge_window(start_gap_s: float | None, ahead_s: float = CHARGE_AHEAD_S,
@@ -262,7 +265,7 @@ class Lane:
             try:
                 msg = self._gate(job)
                 if msg is not None:
-                    self._process(msg)
+                    self._process(msg, announced=job.announced)
             except BaseException as exc:  # noqa: BLE001 - a bug here must not kill the pool silently
                 events.emit("worker_error", logging.ERROR, topic=self.spec.topic,
                             id=job.msg.id, error=describe(exc))
@@ -352,7 +355,7 @@ class Lane:
                     for j in group:
                         j.charging = True
             if group:
-                if not self._charge(group):
+                if not self._charge(group, starting=job):
                     retries += 1
                     health.wait_up(retry_delay(retries, self._rng))
                 continue
@@ -365,12 +368,27 @@ class Lane:
                 continue
             return job.msg if verdict else None
 
-    def _charge(self, group: list[Job]) -> bool:
-        """Charges the group in one statement; False if the database was unreachable."""
+    def _charge(self, group: list[Job], starting: Job | None = None) -> bool:
+        """Charges the group in one statement; False if the database was unreachable. If the
+        charge is the last allowed attempt of `starting` (the job this thread starts next),
+        its start is recorded before the charge commits, so a worker killed in between (by
+        another of its handlers, say) has spent nothing: a last attempt is never spent
+        without a recorded start."""
         charged: dict[int, Message] | None = None
         sent = time.monotonic()
+        last = self._queue.max_attempts_for(self.spec.topic, self.spec.max_attempts) - 1
+        started: Callable[[list[Message]], None] | None = None
+        if starting is not None and starting.msg.attempts >= last:
+            first = starting
+
+            def record_start(msgs: list[Message]) -> None:
+                for m in msgs:
+                    if m.id == first.msg.id:
+                        self._announce(m)
+                        first.announced = True
+            started = record_start
         try:
-            charged = self._charge_attempts([j.msg for j in group])
+            charged = self._charge_attempts([j.msg for j in group], started)
         finally:
             # One update under the lock: a thread waiting on a job sees it charged (or lost),
             # never "no longer charging but not charged", which would charge it twice.
@@ -388,13 +406,16 @@ class Lane:
                 self.cond.notify_all()
         return charged is not None
 
-    def _charge_attempts(self, msgs: list[Message]) -> dict[int, Message] | None:
+    def _charge_attempts(self, msgs: list[Message],
+                         started: Callable[[list[Message]], None] | None = None,
+                         ) -> dict[int, Message] | None:
         """Charges the attempts of messages about to start; their new state by id (missing:
         lease lost). None if the database was unreachable."""
         heartbeater = self._settling.heartbeater
         sent = time.monotonic()
         try:
-            done = self._queue._charge(msgs, extend=self.spec.visibility_timeout_s)
+            done = self._queue._charge(msgs, extend=self.spec.visibility_timeout_s,
+                                       started=started)
         except TableqError as exc:
             if self._health.failed(exc, "start"):
                 return None
@@ -438,10 +459,15 @@ class Lane:
 
     # --- running one message ----------------------------------------------------------------
 
-    def _process(self, msg: Message) -> None:
+    @staticmethod
+    def _announce(msg: Message) -> None:
+        events.emit(events.RECEIVED, topic=msg.topic, id=msg.id, attempts=msg.attempts)
+
+    def _process(self, msg: Message, *, announced: bool = False) -> None:
         """Runs the handler on msg (past the gate) and hands its outcome to the settling."""
         spec = self.spec
-        events.emit(events.RECEIVED, topic=msg.topic, id=msg.id, attempts=msg.attempts)
+        if not announced:
+            self._announce(msg)
         tracker = Tracker(self._queue)
         handed = dataclasses.replace(msg, _queue=tracker)
         if spec.mode == "exactly_once":

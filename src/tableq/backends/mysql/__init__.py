@@ -18,6 +18,7 @@ from pymysql.cursors import DictCursor
 from tableq.backends._pool import Pool
 from tableq.backends._queries import Migration, load_migrations, load_queries
 from tableq.backends.base import (
+    Charged,
     ClaimSpec,
     GroupLease,
     NewMessage,
@@ -288,8 +289,8 @@ class MySQLBackend(SqlBackend):
             return held
         return self.run(run, conn, tx=True)
 
-    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float
-               ) -> dict[int, tuple[int, datetime]]:
+    def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float,
+                       started: Charged | None = None) -> dict[int, tuple[int, datetime]]:
         def run(cur: Cursor) -> dict[int, tuple[int, datetime]]:
             out: dict[int, tuple[int, datetime]] = {}
             for part in chunks(charges, BATCH_ROWS):
@@ -298,6 +299,8 @@ class MySQLBackend(SqlBackend):
                 self._exec(cur, self.Q.message_charge, p)
                 out.update((r["id"], (r["attempts"], self._to_time(r["available_at"])))
                            for r in self._all(cur, self.Q.message_charged, p))
+            if started is not None:
+                started(out)
             return out
         return self.run(run, tx=True)
 
