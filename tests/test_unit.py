@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import sqlite3
 
 import pytest
 
@@ -216,6 +217,33 @@ def test_unmigrated_database_says_run_migrate(tmp_path: pathlib.Path) -> None:
         with pytest.raises(tableq.SchemaNotMigrated) as err:
             q.send("t", 1)
         assert "tableq migrate" in str(err.value)
+
+
+def test_sqlite_v4_makes_the_key_index_partial_and_keeps_dedup(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A database made by an earlier release (up to v3) keeps its messages and its dedup when
+    # v4 turns the (topic, key) index into a partial one (only keyed rows in it).
+    url = f"sqlite:///{tmp_path}/old.db"
+    with tableq.connect(url) as q:
+        backend = q._backend
+        shipped = type(backend)._migration_files
+        monkeypatch.setattr(type(backend), "_migration_files",
+                            lambda self: [m for m in shipped(self) if m.version <= 3])
+        assert q.migrate() == [1, 3]
+        first = q.send("t", {"n": 1}, key="k")
+        q.send("t", {"n": 2})
+        monkeypatch.undo()
+        assert q.migrate() == [4]
+        again = q.send("t", {"n": 3}, key="k", on_duplicate="ignore")
+        assert (again.status, again.id) == ("duplicate", first.id)
+        with pytest.raises(tableq.DuplicateMessage):
+            q.send("t", {"n": 4}, key="k", on_duplicate="error")
+        assert q.send("t", {"n": 5}, key="k", on_duplicate="replace").status == "replaced"
+        q.send("t", {"n": 6})
+        assert sorted(m.payload["n"] for m in q.peek("t", limit=10)) == [2, 5, 6]
+    index = sqlite3.connect(tmp_path / "old.db").execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'tableq_message_topic_key'").fetchone()[0]
+    assert index.endswith("WHERE key IS NOT NULL")
 
 
 def test_encode_payload_limits() -> None:

@@ -85,7 +85,7 @@ SELECT :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority, t.now
        COALESCE(:at, t.now + :delay_s), COALESCE(:at, t.now + :delay_s)
 FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 WHERE true
-ON CONFLICT (topic, key) DO UPDATE SET
+ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
     kind = excluded.kind, payload = excluded.payload, payload_bytes = excluded.payload_bytes,
     headers = excluded.headers, priority = excluded.priority, attempts = 0, lease = NULL,
     last_error = NULL, progress = NULL, received_at = NULL,
@@ -339,7 +339,7 @@ SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority
 FROM {p}stage s, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 WHERE s.job = :job AND s.part IN (SELECT value FROM json_each(:parts))
 ORDER BY s.sid
-ON CONFLICT (topic, key) DO UPDATE SET
+ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
     kind = excluded.kind, payload = excluded.payload, payload_bytes = excluded.payload_bytes,
     headers = excluded.headers, priority = excluded.priority, attempts = 0, lease = NULL,
     last_error = NULL, progress = NULL, received_at = NULL,
