@@ -62,7 +62,7 @@ DIALECT_ONLY = {
         "load_part_open", "load_part_publish", "load_part_rows", "load_part_drop",
         "load_notify", "listen",
         # a schema per namespace
-        "schema_create",
+        "schema_create", "session_setup",
         "doctor_dead_rows", "doctor_prepared_transactions", "doctor_replication_slots",
         "doctor_sees_all_sessions",
     },

@@ -168,6 +168,7 @@ class PostgresBackend(SqlBackend):
     def _connect(self) -> psycopg.Connection[Any]:
         with self.map_errors():
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True)
+            conn.execute(self.Q.session_setup, {"ms": self.transaction_idle_ms})
             if not self._checked:
                 version = conn.execute(self.Q.server_version).fetchone()[0]  # type: ignore[index]
                 if version < MIN_VERSION:
@@ -202,7 +203,8 @@ class PostgresBackend(SqlBackend):
     # --- values -------------------------------------------------------------------------------
 
     def _to_time(self, value: Any) -> datetime:
-        at: datetime = value.astimezone(UTC)
+        # Library sessions run in UTC (session_setup); a caller's connection may not.
+        at: datetime = value if value.tzinfo is UTC else value.astimezone(UTC)
         return at
 
     def _db_time(self, value: datetime | None) -> Any:

@@ -25,6 +25,14 @@ SELECT version FROM {schema}.migration ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: session_setup :exec
+-- Every connection the library opens: times come back in UTC (psycopg then hands out
+-- datetimes that need no conversion), and a transaction left idle (a worker cut off between
+-- a statement and its COMMIT) is rolled back after transaction_idle_timeout_s instead of
+-- holding its row locks until TCP notices, as on MariaDB.
+SELECT set_config('TimeZone', 'UTC', false),
+       set_config('idle_in_transaction_session_timeout', %(ms)s, false);
+
 -- name: idle_transaction_limit :exec
 -- An exactly-once transaction whose worker hangs or is cut off would hold its row locks (and
 -- hide its messages from SKIP LOCKED) until the server noticed; this bounds that wait.
