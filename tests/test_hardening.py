@@ -249,3 +249,18 @@ def test_spark_before_option_out_of_range_is_an_option_error() -> None:
             ReadOptions.parse({"url": "sqlite:///x.db", "topic": "t", "before": before})
     ok = ReadOptions.parse({"url": "sqlite:///x.db", "topic": "t", "before": "1700000000"})
     assert ok.before is not None and ok.before.year == 2023
+
+
+@pytest.mark.parametrize("db_url", ["mysql"], indirect=True)
+def test_mysql_charging_one_message_reads_it_by_primary_key(db_url: str) -> None:
+    # MariaDB updates through a one-tuple (id, lease, attempts) IN ((...)) by scanning the
+    # whole primary key: a worker charging one message at a time then spent ~16 ms a charge
+    # at 20k rows and stayed there (its pace, slowed by the charges, kept the window at one).
+    with tableq.connect(db_url, migrate=True) as q:
+        q.send_many("t", [{"n": i} for i in range(200)])
+        backend = q._backend
+        for charges in ([(5, "a", 0)], [(5, "a", 0), (6, "b", 0)]):
+            params = {**backend._charges(charges), **backend._span("extend", 30)}
+            [plan] = backend.run(
+                lambda cur, p=params: backend._all(cur, "EXPLAIN " + backend.Q.message_charge, p))
+            assert (plan["type"], plan["key"]) == ("range", "PRIMARY"), plan

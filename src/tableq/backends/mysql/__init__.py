@@ -182,7 +182,8 @@ class MySQLBackend(SqlBackend):
         return {"refs": tuple(refs)}
 
     def _charges(self, charges: Sequence[tuple[int, str, int]]) -> Params:
-        return {"charges": tuple(charges), **self._refs([(i, lease) for i, lease, _ in charges])}
+        return {"charges": tuple(charges), "ids": self._ids([i for i, _, _ in charges]),
+                **self._refs([(i, lease) for i, lease, _ in charges])}
 
     # --- migrations -----------------------------------------------------------------------
 

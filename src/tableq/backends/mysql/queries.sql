@@ -165,9 +165,11 @@ WHERE id IN %(ids)s;
 -- extended in the same statement, so the handler starts on a full, confirmed lease. Only a
 -- delivery still at the count it was received with is charged, so a charge retried after its
 -- COMMIT's reply was lost counts once (message_charged then reads it as charged).
+-- `id IN` first: MariaDB updates through a one-tuple row constructor by scanning the whole
+-- primary key (about 16 ms at 20k rows, for one message); the id list gives it the range.
 UPDATE {p}message
 SET attempts = attempts + 1, available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
-WHERE (id, lease, attempts) IN %(charges)s;
+WHERE id IN %(ids)s AND (id, lease, attempts) IN %(charges)s;
 
 -- name: message_charged :many
 SELECT id, attempts, available_at FROM {p}message WHERE (id, lease) IN %(refs)s;
