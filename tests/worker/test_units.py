@@ -211,6 +211,20 @@ def test_not_held_verdicts():
     assert not_held_verdict("release", True, True) == "done"
 
 
+def test_charge_pace_is_not_slowed_by_the_charges_it_sizes():
+    from tableq.worker.lane import CHARGE_AHEAD_S, charge_pace, charge_window
+
+    assert charge_pace(None, None, 4) is None
+    assert charge_pace(0.01, None, 4) == 0.01  # no handler has finished yet
+    assert charge_pace(None, 0.004, 4) == 0.001
+    # Starts 16 ms apart because each waited for its own charge, handlers of 0.1 ms: sized
+    # by the gap, the window stays at one message per charge; by the handlers, it covers
+    # what they start in CHARGE_AHEAD_S.
+    assert charge_window(0.016) == 1
+    assert charge_window(charge_pace(0.016, 0.0001, 1)) == int(CHARGE_AHEAD_S / 0.0001)
+    assert charge_pace(0.5, 2.0, 4) == 0.5  # slow handlers: the measured gap is shorter
+
+
 def test_charge_window():
     from tableq.worker.lane import CHARGE_AHEAD_S, FETCH_MAX, charge_window
 

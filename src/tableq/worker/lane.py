@@ -78,6 +78,19 @@ def charge_window(start_gap_s: float | None, ahead_s: float = CHARGE_AHEAD_S,
     return int(min(limit, ahead_s / max(start_gap_s, 1e-6)))
 
 
+def charge_pace(start_gap_s: float | None, duration_s: float | None,
+                threads: int) -> float | None:
+    """The time between starts a charge window is sized by: the measured one, or the
+    handlers' own (their duration over the threads) where that is shorter. Starts slowed by
+    waiting for charges must not shrink the window that would end the wait: sized by the
+    measured gap alone, a lane whose charges were slow once (a busy database) kept charging
+    one message per start. Pure."""
+    if duration_s is None:
+        return start_gap_s
+    own = duration_s / max(1, threads)
+    return own if start_gap_s is None else min(start_gap_s, own)
+
+
 class Lane:
     """One topic's handler, run by cmin..cmax threads. `stop` is the worker's stop request;
     `slot_freed` is set each time a handler finishes (the fetch loop waits on it)."""
@@ -148,7 +161,7 @@ class Lane:
         leases at receive (never a last allowed attempt)."""
         with self.cond:
             free = max(0, self.cmax - self.running - len(self.buffer))
-            return free + charge_window(self.start_gap_s)
+            return free + charge_window(self._pace_s())
 
     def _ahead(self, limit: int) -> list[Job]:
         """Up to `limit` buffered jobs to charge ahead of their start: uncharged, not being
@@ -286,12 +299,16 @@ class Lane:
             prev = self.start_gap_s
             self.start_gap_s = gap if prev is None else 0.8 * prev + 0.2 * gap
 
+    def _pace_s(self) -> float | None:
+        """charge_pace of this lane (caller holds self.cond)."""
+        return charge_pace(self.start_gap_s, self.avg_duration_s, self.cmax)
+
     def _charge_ahead(self) -> None:
         """Asks the lane's charger for the next window once less than a window of charged
         messages waits (caller holds self.cond)."""
         if len(self.buffer) <= self._ready:  # nothing uncharged waits (the common case)
             return
-        window = charge_window(self.start_gap_s)
+        window = charge_window(self._pace_s())
         if window <= 0 or self._charge_wanted or self._ready >= window:
             return
         self._charge_wanted = True
@@ -310,7 +327,7 @@ class Lane:
                     self._charger = None
                     return
                 self._charge_wanted = False
-                group = self._ahead(max(1, charge_window(self.start_gap_s)))
+                group = self._ahead(max(1, charge_window(self._pace_s())))
                 for j in group:
                     j.charging = True
             if group and self._health.up:
@@ -351,7 +368,7 @@ class Lane:
                 group: list[Job] = []
                 if not job.charged:
                     # Lead a charge for this job and the next uncharged ones about to start.
-                    group = [job, *self._ahead(charge_window(self.start_gap_s))]
+                    group = [job, *self._ahead(charge_window(self._pace_s()))]
                     for j in group:
                         j.charging = True
             if group:
