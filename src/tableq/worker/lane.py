@@ -14,17 +14,17 @@ a window more. The others are charged in groups: by a thread that meets an uncha
 (for it and the next ones), and by a background charger per lane that charges the next
 window once less than a window of charged messages waits, so the threads seldom wait for a
 charge (which may take a loaded database several milliseconds). The window is what the lane
-starts within CHARGE_AHEAD_S at its measured pace (the time between starts): millisecond
-jobs pay one round trip per window, not per message, and slow jobs (further apart than
-CHARGE_AHEAD_S) are never charged ahead. A worker killed with charged messages waiting has
-spent their attempts, but never the last one: a message's last allowed attempt is charged
-only right before its own handler starts, in a transaction that records the start (the
-`received` event) before it commits, so a worker killed while that charge is in flight (by
-another of its handlers) has spent nothing, and no message is dead-lettered without its
-processing having begun (W4, F2; "begun": charged, then the handler called, or first, in
-exactly-once mode, its transaction opened, which on SQLite may wait for the write lock),
-while one that kills its worker whenever it runs is dead-lettered after exactly
-max_attempts runs."""
+starts within CHARGE_AHEAD_S at its pace (the time between starts, or the handlers' own
+where that is faster: charge_pace): millisecond jobs pay one round trip per window, not per
+message, and slow jobs (further apart than CHARGE_AHEAD_S) are never charged ahead. A worker
+killed with charged messages waiting has spent their attempts, but never the last one: a
+message's last allowed attempt is charged only right before its own handler starts, in a
+transaction that records the start (the `received` event) before it commits, so a worker
+killed while that charge is in flight (by another of its handlers) has spent nothing, and no
+message is dead-lettered without its processing having begun (W4, F2; "begun": charged, then
+the handler called, or first, in exactly-once mode, its transaction opened, which on SQLite
+may wait for the write lock), while one that kills its worker whenever it runs is dead-
+lettered after exactly max_attempts runs."""
 
 from __future__ import annotations
 
