@@ -23,8 +23,8 @@ transaction that records the start (the `received` event) before it commits, so 
 killed while that charge is in flight (by another of its handlers) has spent nothing, and no
 message is dead-lettered without its processing having begun (W4, F2; "begun": charged, then
 the handler called, or first, in exactly-once mode, its transaction opened, which on SQLite
-may wait for the write lock), while one that kills its worker whenever it runs is dead-
-lettered after exactly max_attempts runs."""
+may wait for the write lock), while one that kills its worker whenever it runs is
+dead-lettered after exactly max_attempts runs."""
 
 from __future__ import annotations
 
