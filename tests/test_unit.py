@@ -246,6 +246,19 @@ def test_sqlite_v4_makes_the_key_index_partial_and_keeps_dedup(
     assert index.endswith("WHERE key IS NOT NULL")
 
 
+def test_mysql_datetimes_are_read_by_the_c_parser_and_odd_ones_by_pymysql() -> None:
+    from datetime import datetime
+
+    from pymysql.constants import FIELD_TYPE
+
+    from tableq.backends.mysql import CONVERSIONS, _datetime
+
+    assert CONVERSIONS[FIELD_TYPE.DATETIME] is _datetime
+    assert _datetime("2026-11-24 10:31:52.123456") == datetime(2026, 11, 24, 10, 31, 52, 123456)
+    assert _datetime(b"2026-11-24 10:31:52") == datetime(2026, 11, 24, 10, 31, 52)
+    assert _datetime("0000-00-00 00:00:00") == "0000-00-00 00:00:00"  # as PyMySQL leaves it
+
+
 def test_encode_payload_limits() -> None:
     assert encode_payload({"a": 1}, 100).json_text == '{"a":1}'
     assert encode_payload(b"ab", 100).data == b"ab"

@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 import pymysql
+from pymysql.constants import FIELD_TYPE
+from pymysql.converters import conversions, convert_datetime
 from pymysql.cursors import DictCursor
 
 from tableq.backends._pool import Pool
@@ -38,6 +40,22 @@ BATCH_ROWS = 1000  # rows (or (id, lease) pairs) per batch statement
 MIGRATION_LOCK_WAIT_S = 60
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("UTC_TIMESTAMP(6)", "(SELECT clock FROM {p}test_clock)")
+
+
+def _datetime(value: str | bytes) -> datetime | str:
+    """A DATETIME as the server writes it, by Python's C parser: about 25x faster than
+    PyMySQL's own, which a claim of 250 rows (five times each) spent some 2.5 ms on. PyMySQL's
+    parser still takes what it does not read (zero dates)."""
+    text = value.decode("ascii") if isinstance(value, (bytes, bytearray)) else value
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        parsed: datetime | str = convert_datetime(text)
+        return parsed
+
+
+# PyMySQL's conversions (decoders by field type, encoders by Python type), DATETIME faster.
+CONVERSIONS = {**conversions, FIELD_TYPE.DATETIME: _datetime, FIELD_TYPE.TIMESTAMP: _datetime}
 
 
 def _naive(at: datetime | None) -> datetime | None:
@@ -75,7 +93,7 @@ class MySQLBackend(SqlBackend):
         self.connect_kwargs: dict[str, Any] = {
             "host": url.host, "port": url.port or 3306, "user": url.user or "root",
             "password": url.password or "", "database": url.database, "charset": "utf8mb4",
-            "autocommit": True, "cursorclass": DictCursor,
+            "autocommit": True, "cursorclass": DictCursor, "conv": CONVERSIONS,
             "connect_timeout": max(1, int(connect_timeout_s)),
         }
         self.transaction_idle_s = max(1, int(transaction_idle_timeout_s))
