@@ -49,7 +49,8 @@ def connect(
     registered (they pass unvalidated); by default an unregistered kind is refused. Backend
     options: SQLite `synchronous` ("FULL" default, or "NORMAL"); PostgreSQL and MySQL
     `pool_size`, `connect_timeout_s`, and `transaction_idle_timeout_s` (300: the server rolls
-    back a queue.transaction() left idle that long, releasing its locks; not on MySQL 8).
+    back a transaction of the library's, such as a queue.transaction(), left idle that long,
+    releasing its locks; not on MySQL 8).
     `test_clock=True` is for tests only: the queue's clock stands still in a small test_clock
     table (created by migrate) and moves only by tableq.testing.advance_clock()."""
     queue = Queue(
