@@ -259,6 +259,23 @@ def test_mysql_datetimes_are_read_by_the_c_parser_and_odd_ones_by_pymysql() -> N
     assert _datetime("0000-00-00 00:00:00") == "0000-00-00 00:00:00"  # as PyMySQL leaves it
 
 
+def test_sqlite_synchronous_from_the_url_or_the_option(tmp_path: pathlib.Path) -> None:
+    # ?synchronous= is how a command line (tableq worker --url ...) chooses it; the option
+    # wins; a bad value says which values and where they go.
+    url = f"sqlite:///{tmp_path}/q.db"
+    for full_url, options, expected in [(url, {}, "FULL"),
+                                        (url + "?synchronous=normal", {}, "NORMAL"),
+                                        (url + "?synchronous=NORMAL", {"synchronous": "EXTRA"},
+                                         "EXTRA")]:
+        with tableq.connect(full_url, migrate=True, **options) as q:
+            q.send("t", 1)
+            pragma = q._backend.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+            assert (q._backend.synchronous, pragma) == (expected, {"FULL": 2, "NORMAL": 1,
+                                                                   "EXTRA": 3}[expected])
+    with pytest.raises(tableq.InvalidArgument, match=r"\?synchronous="):
+        tableq.connect(url + "?synchronous=OFF")
+
+
 def test_encode_payload_limits() -> None:
     assert encode_payload({"a": 1}, 100).json_text == '{"a":1}'
     assert encode_payload(b"ab", 100).data == b"ab"

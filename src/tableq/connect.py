@@ -47,7 +47,8 @@ def connect(
     `retention=True` keeps acked messages in the done table (for reports and the Spark
     archive pipeline). `strict_kinds=False` lets messages carry kinds this process has not
     registered (they pass unvalidated); by default an unregistered kind is refused. Backend
-    options: SQLite `synchronous` ("FULL" default, or "NORMAL"); PostgreSQL and MySQL
+    options: SQLite `synchronous` ("FULL" default, "NORMAL" or "EXTRA"; or `?synchronous=` in
+    the URL, which the command line can pass); PostgreSQL and MySQL
     `pool_size`, `connect_timeout_s`, and `transaction_idle_timeout_s` (300: the server rolls
     back a transaction of the library's, such as a queue.transaction(), left idle that long,
     releasing its locks; not on MySQL 8).

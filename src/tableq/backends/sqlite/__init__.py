@@ -107,11 +107,14 @@ class SQLiteBackend(SqlBackend):
     connection_type: ClassVar[type] = sqlite3.Connection
     connection_name: ClassVar[str] = "sqlite3.Connection to the queue's file"
 
-    def __init__(self, url: DatabaseURL, *, synchronous: str = "FULL",
+    def __init__(self, url: DatabaseURL, *, synchronous: str | None = None,
                  busy_timeout_s: float = 10.0, test_clock: bool = False) -> None:
-        sync = str(synchronous).upper()
+        # The keyword, else the URL's ?synchronous= (the only way from the command line),
+        # else FULL.
+        sync = str(synchronous or url.params.get("synchronous") or "FULL").upper()
         if sync not in SYNCHRONOUS:
-            raise InvalidArgument("synchronous must be FULL, NORMAL or EXTRA")
+            raise InvalidArgument("synchronous must be FULL, NORMAL or EXTRA (the connect() "
+                                  "option or ?synchronous= in a SQLite URL)")
         self.url, self.path, self.where = url, url.database or "", url.redacted
         self.synchronous = sync
         self.busy_timeout_s = busy_timeout_s
