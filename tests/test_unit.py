@@ -32,11 +32,11 @@ FAMILY_QUERIES = {
         "message_delete_ids", "message_find_key", "message_ack_one", "done_insert",
         "done_insert_lease", "dead_delete_requeued", "stage_insert",
     },
-    # Servers, not files: a version check, a migration lock, an idle-transaction limit,
-    # open-transaction facts; a duplicate key ignored by the statement itself (SQLite looks
-    # the key up first, under its one write lock).
+    # Servers, not files: a version check, a migration lock, an idle-transaction limit, UTC
+    # sessions, open-transaction facts; a duplicate key ignored by the statement itself (SQLite
+    # looks the key up first, under its one write lock).
     ("postgres", "mysql"): {
-        "server_version", "migration_lock", "idle_transaction_limit",
+        "server_version", "migration_lock", "idle_transaction_limit", "session_time_zone",
         "doctor_old_transactions", "message_insert_ignore",
         # a single send as one plain row: PostgreSQL's batch takes arrays, MySQL's INSERT ...
         # SELECT would hold the table's AUTO-INC lock (SQLite's message_insert is one row)
@@ -62,7 +62,7 @@ DIALECT_ONLY = {
         "load_part_open", "load_part_publish", "load_part_rows", "load_part_drop",
         "load_notify", "listen",
         # a schema per namespace
-        "schema_create", "session_setup",
+        "schema_create",
         "doctor_dead_rows", "doctor_prepared_transactions", "doctor_replication_slots",
         "doctor_sees_all_sessions",
     },
@@ -71,7 +71,7 @@ DIALECT_ONLY = {
         "message_held", "message_charged", "message_due_at", "message_lease_until",
         "message_lock_leased", "lease_lock", "dead_requeue_ids",
         # session settings and the named-lock migration guard
-        "session_time_zone", "session_isolation", "migration_unlock", "doctor_history_length",
+        "session_isolation", "migration_unlock", "doctor_history_length",
     },
     "sqlite": {
         # explicit transactions (BEGIN IMMEDIATE) and per-connection PRAGMAs

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import random
@@ -167,10 +168,14 @@ class Lane:
         """Up to `limit` buffered jobs to charge ahead of their start: uncharged, not being
         charged, not lost, and not at their last allowed attempt (that one is charged only
         when its own handler starts). Caller holds self.cond."""
-        last = self._queue.max_attempts_for(self.spec.topic, self.spec.max_attempts) - 1
+        last = self._last_attempt()
         return list(itertools.islice(
             (j for j in self.buffer if not j.charged and not j.charging and not j.lost
              and j.msg.attempts < last), limit))
+
+    def _last_attempt(self) -> int:
+        """The attempt count a message has before its last allowed attempt is charged."""
+        return self._queue.max_attempts_for(self.spec.topic, self.spec.max_attempts) - 1
 
     def busy(self) -> bool:
         with self.cond:
@@ -393,17 +398,9 @@ class Lane:
         without a recorded start."""
         charged: dict[int, Message] | None = None
         sent = time.monotonic()
-        last = self._queue.max_attempts_for(self.spec.topic, self.spec.max_attempts) - 1
-        started: Callable[[list[Message]], None] | None = None
-        if starting is not None and starting.msg.attempts >= last:
-            first = starting
-
-            def record_start(msgs: list[Message]) -> None:
-                for m in msgs:
-                    if m.id == first.msg.id:
-                        self._announce(m)
-                        first.announced = True
-            started = record_start
+        started = None
+        if starting is not None and starting.msg.attempts >= self._last_attempt():
+            started = functools.partial(self._record_start, starting)
         try:
             charged = self._charge_attempts([j.msg for j in group], started)
         finally:
@@ -479,6 +476,13 @@ class Lane:
     @staticmethod
     def _announce(msg: Message) -> None:
         events.emit(events.RECEIVED, topic=msg.topic, id=msg.id, attempts=msg.attempts)
+
+    def _record_start(self, job: Job, charged: list[Message]) -> None:
+        """Inside the charge of job's last attempt, before its COMMIT: records its start."""
+        for m in charged:
+            if m.id == job.msg.id:
+                self._announce(m)
+                job.announced = True
 
     def _process(self, msg: Message, *, announced: bool = False) -> None:
         """Runs the handler on msg (past the gate) and hands its outcome to the settling."""

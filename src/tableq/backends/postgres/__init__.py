@@ -168,7 +168,8 @@ class PostgresBackend(SqlBackend):
     def _connect(self) -> psycopg.Connection[Any]:
         with self.map_errors():
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True)
-            conn.execute(self.Q.session_setup, {"ms": self.transaction_idle_ms})
+            conn.execute(self.Q.session_time_zone)
+            conn.execute(self.Q.idle_transaction_limit, {"ms": self.transaction_idle_ms})
             if not self._checked:
                 version = conn.execute(self.Q.server_version).fetchone()[0]  # type: ignore[index]
                 if version < MIN_VERSION:
@@ -203,7 +204,7 @@ class PostgresBackend(SqlBackend):
     # --- values -------------------------------------------------------------------------------
 
     def _to_time(self, value: Any) -> datetime:
-        # Library sessions run in UTC (session_setup); a caller's connection may not.
+        # Library sessions run in UTC (session_time_zone); a caller's connection may not.
         at: datetime = value if value.tzinfo is UTC else value.astimezone(UTC)
         return at
 
@@ -228,8 +229,7 @@ class PostgresBackend(SqlBackend):
         with self.pool.connection() as conn:
             with self.map_errors():
                 tx = conn.transaction()
-                tx.__enter__()
-                conn.execute(self.Q.idle_transaction_limit, {"ms": self.transaction_idle_ms})
+                tx.__enter__()  # its idle limit is the session's (idle_transaction_limit)
             try:
                 yield conn
             except BaseException as exc:

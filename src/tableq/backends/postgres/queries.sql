@@ -25,18 +25,17 @@ SELECT version FROM {schema}.migration ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
 
--- name: session_setup :exec
--- Every connection the library opens: times come back in UTC (psycopg then hands out
--- datetimes that need no conversion), and a transaction left idle (a worker cut off between
--- a statement and its COMMIT) is rolled back after transaction_idle_timeout_s instead of
--- holding its row locks until TCP notices, as on MariaDB.
-SELECT set_config('TimeZone', 'UTC', false),
-       set_config('idle_in_transaction_session_timeout', %(ms)s, false);
+-- name: session_time_zone :exec
+-- Every connection the library opens runs in UTC: psycopg then hands out datetimes that need
+-- no conversion.
+SET TimeZone = 'UTC';
 
 -- name: idle_transaction_limit :exec
--- An exactly-once transaction whose worker hangs or is cut off would hold its row locks (and
--- hide its messages from SKIP LOCKED) until the server noticed; this bounds that wait.
-SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true);
+-- Every connection the library opens: a transaction of it left idle (an exactly-once worker
+-- that hangs, a worker cut off between a last attempt's charge and its COMMIT) is rolled back
+-- after transaction_idle_timeout_s instead of holding its row locks (and hiding its messages
+-- from SKIP LOCKED) until the server noticed, as on MariaDB.
+SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, false);
 
 -- name: savepoint_set :exec
 SAVEPOINT tableq_send;
