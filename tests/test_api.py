@@ -500,6 +500,37 @@ def test_stats_peek_topics_purge(q: tableq.Queue) -> None:
     assert abs((q.now() - datetime.now(UTC)).total_seconds()) < 5
 
 
+def test_stats_estimate_a_big_table(q: tableq.Queue) -> None:
+    """Past its thresholds (made small here) stats() samples id windows for big topics,
+    counts their scheduled and in-flight messages and their oldest ready one from the claim
+    index, and still counts small topics exactly; exact=True counts everything."""
+    q.send_many("big", list(range(300)), priority=1)
+    q.send_many("big", list(range(40)), delay=3600)
+    q.send_many("tiny", [1, 2, 3])
+    leased = q.receive("big", max=20)
+    backend = q._backend
+    backend.stats_exact_span, backend.stats_sample_ids = 50, 120
+    backend.stats_sample_windows, backend.stats_exact_topic = 12, 100
+
+    exact = {s.topic: s for s in q.stats(exact=True)}
+    assert (exact["big"].ready, exact["big"].scheduled, exact["big"].in_flight) == (280, 40, 20)
+    assert not exact["big"].estimated
+    for stats in (q.stats(), q.stats("big")):
+        big = {s.topic: s for s in stats}["big"]
+        assert big.estimated and abs(big.ready - 280) <= 60, big
+        assert (big.scheduled, big.in_flight) == (40, 20)  # counted, below the cap
+        age = exact["big"].oldest_ready_age
+        assert age is not None and big.oldest_ready_age is not None
+        assert abs(big.oldest_ready_age - age) < 5
+    tiny = {s.topic: s for s in q.stats()}["tiny"]
+    assert (tiny.ready, tiny.estimated) == (3, False)
+    backend.stats_exact_topic = 10  # in_flight (20) and scheduled (40) hit the cap: scaled
+    big = q.stats("big")[0]
+    assert big.estimated and 0 < big.scheduled + big.in_flight < 120  # a 12-window sample
+    for m in leased:
+        m.ack()
+
+
 def test_public_queue_holds_user_operations_only(q: tableq.Queue) -> None:
     plumbing = {"stage_many", "publish_staged", "discard_staged", "cleanup_staged",
                 "staged_job_state", "receive_batch", "lease_batch", "leased_messages",

@@ -419,3 +419,23 @@ def test_mysql_lock_conflicts_are_retried_whole(code: int) -> None:
 
     with pytest.raises(TransientError), map_errors("mysql://test"):
         raise pymysql.err.OperationalError(code, "conflict")
+
+
+def test_stats_sample_plan() -> None:
+    from tableq.stats import id_sample, needs_exact, scaled, topic_estimate
+    assert id_sample(None, None) is None  # empty table
+    assert id_sample(1, 200_000) is None  # small span: count every row
+    s = id_sample(1, 10_000_000)
+    assert s is not None and (s.stride, s.width, s.scale) == (100_000, 200, 500.0)
+    assert len(range(s.lo, s.hi + 1, s.stride)) == 100
+    assert scaled({"ready": 10, "scheduled": None, "in_flight": 1}, s) == {
+        "ready": 5000, "scheduled": 0, "in_flight": 500}
+    assert needs_exact({"ready": 19_999}) and not needs_exact({"ready": 15_000, "in_flight": 5_000})
+    heads = [{"oldest_ready_age": 3.5, "scheduled": 4, "in_flight": 0},
+             {"oldest_ready_age": None, "scheduled": 2, "in_flight": 20_000}]
+    est = topic_estimate({"ready": 5000, "scheduled": 500, "in_flight": 700}, heads)
+    # scheduled counted (every priority under the cap); in_flight hit the cap: the sample's
+    assert est == {"ready": 5000, "scheduled": 6, "in_flight": 700, "estimated": True,
+                   "oldest_ready_age": 3.5}
+    assert topic_estimate({"ready": 1, "scheduled": 0, "in_flight": 0}, [])[
+        "oldest_ready_age"] is None

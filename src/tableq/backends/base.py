@@ -267,7 +267,8 @@ class Backend(ABC):
     @abstractmethod
     def topic_list(self) -> list[str]: ...
     @abstractmethod
-    def topic_stats(self, topic: str | None) -> list[Row]: ...
+    def topic_stats(self, topic: str | None, exact: bool = False) -> list[Row]:
+        """Per-topic counts; estimated in a big table unless exact (see tableq.stats)."""
     @abstractmethod
     def topic_purge(self, topic: str) -> int: ...
 
@@ -441,6 +442,7 @@ def merge_stats(live: dict[str, Row], dead: dict[str, int], done: dict[str, int]
             "oldest_ready_age": (
                 float(row["oldest_ready_age"]) if row.get("oldest_ready_age") is not None else None
             ),
+            "estimated": bool(row.get("estimated")),
         })
     return out
 

@@ -41,12 +41,24 @@ from tableq.backends.base import (
     token_record,
 )
 from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
+from tableq.stats import (
+    EXACT_SPAN,
+    EXACT_TOPIC,
+    SAMPLE_IDS,
+    SAMPLE_WINDOWS,
+    id_sample,
+    needs_exact,
+    scaled,
+    topic_estimate,
+)
 from tableq.tokens import IdempotencyRecord, NewToken, TokenRecord
 
 T = TypeVar("T")
 R = TypeVar("R", tuple[int, str], tuple[int, str, int])
 Cursor = Any  # the dialect's cursor (or, for sqlite3, its connection)
 Params = dict[str, Any]
+
+_PRIORITY_MIN, _PRIORITY_MAX = -(2**31), 2**31 - 1  # the priority column's range
 
 # Columns some dialects' claim or look-up queries add for their own use; never in a row.
 _HELPER_COLUMNS = ("due_priority", "due_at", "dead_lettered", "db_now")
@@ -58,6 +70,11 @@ class SqlBackend(Backend):
     fresh pooled connection retried on transient conflicts."""
 
     Q: Queries
+    # When stats() estimates instead of counting (tableq.stats); tests make them small.
+    stats_exact_span = EXACT_SPAN
+    stats_sample_ids = SAMPLE_IDS
+    stats_sample_windows = SAMPLE_WINDOWS
+    stats_exact_topic = EXACT_TOPIC
     pool: Pool
     test_clock: bool = False
     # How many times a short transaction is tried on a transient conflict.
@@ -398,15 +415,62 @@ class SqlBackend(Backend):
     def topic_list(self) -> list[str]:
         return [r["topic"] for r in self._read_all(self.Q.message_topics)]
 
-    def topic_stats(self, topic: str | None) -> list[Row]:
+    def topic_stats(self, topic: str | None, exact: bool = False) -> list[Row]:
         def run(cur: Cursor) -> list[Row]:
             p = {"topic": topic}
-            live = {r["topic"]: r for r in self._all(cur, self.Q.message_stats, p)}
+            live = self._live_stats(cur, topic, exact)
             dead = {r["topic"]: r["dead"] for r in self._all(cur, self.Q.dead_stats, p)}
             done = {r["topic"]: r["done"] for r in self._all(cur, self.Q.done_stats, p)}
             return merge_stats(live, dead, done)
         # One read transaction so the three counts agree with each other.
         return self.run(run, tx=True, write=False)
+
+    def _live_stats(self, cur: Cursor, topic: str | None, exact: bool) -> dict[str, Row]:
+        """Per-topic live counts: every row while the table is small (or exact=True);
+        in a big table a sample of id windows, then exact counts for the topics it finds
+        small and the oldest ready message of the others from the claim index."""
+        span = None if exact else self._one(cur, self.Q.message_id_span)
+        sample = id_sample(span["lo"], span["hi"], exact_span=self.stats_exact_span,
+                           ids=self.stats_sample_ids,
+                           windows=self.stats_sample_windows) if span else None
+        if sample is None:
+            return {r["topic"]: r for r in self._all(cur, self.Q.message_stats, {"topic": topic})}
+        sampled = {r["topic"]: r for r in self._all(cur, self.Q.message_stats_sample, {
+            "topic": topic, "lo": sample.lo, "hi": sample.hi, "stride": sample.stride,
+            "width": sample.width})}
+        topics = [topic] if topic is not None else self._live_topics(cur)
+        live: dict[str, Row] = {}
+        for name in topics:
+            counts = scaled(sampled[name], sample) if name in sampled else None
+            if counts is None or needs_exact(counts, exact_topic=self.stats_exact_topic):
+                live.update((r["topic"], r) for r in
+                            self._all(cur, self.Q.message_stats_topic, {"topic": name}))
+                continue
+            heads = [self._one(cur, self.Q.message_priority_head,
+                               {"topic": name, "priority": r, "cap": self.stats_exact_topic})
+                     for r in self._priorities(cur, name)]
+            live[name] = {"topic": name, **topic_estimate(counts, [h for h in heads if h],
+                                                          self.stats_exact_topic)}
+        return live
+
+    def _live_topics(self, cur: Cursor) -> list[str]:
+        """The live table's topics, a claim-index probe each (a loose index scan, which
+        MariaDB does not run well as a recursive query)."""
+        topics: list[str] = []
+        while row := self._one(cur, self.Q.message_topic_after,
+                               {"after": topics[-1] if topics else ""}):
+            topics.append(row["topic"])
+        return topics
+
+    def _priorities(self, cur: Cursor, topic: str) -> list[int]:
+        """A topic's priorities, highest first, a claim-index probe each."""
+        found: list[int] = []
+        at_most = _PRIORITY_MAX
+        while at_most >= _PRIORITY_MIN and (row := self._one(
+                cur, self.Q.message_priority_at_most, {"topic": topic, "at_most": at_most})):
+            found.append(int(row["priority"]))
+            at_most = found[-1] - 1
+        return found
 
     def topic_purge(self, topic: str) -> int:
         return self._change(self.Q.message_purge, {"topic": topic})

@@ -269,6 +269,68 @@ FROM {p}message, (SELECT UTC_TIMESTAMP(6) AS now) t
 WHERE (%(topic)s IS NULL OR topic = %(topic)s)
 GROUP BY topic, t.now;
 
+-- name: message_stats_topic :many
+-- One topic, counted through the claim index (stats() of the small topics of a big table).
+SELECT topic,
+       SUM(available_at <= t.now) AS ready,
+       SUM(available_at > t.now AND lease IS NULL) AS scheduled,
+       SUM(available_at > t.now AND lease IS NOT NULL) AS in_flight,
+       TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN available_at <= t.now THEN available_at END),
+                     t.now) / 1e6 AS oldest_ready_age
+FROM {p}message, (SELECT UTC_TIMESTAMP(6) AS now) t
+WHERE topic = %(topic)s
+GROUP BY topic, t.now;
+
+-- name: message_id_span :one
+SELECT MIN(id) AS lo, MAX(id) AS hi FROM {p}message;
+
+-- name: message_stats_sample :many
+-- The rows of evenly spread id windows (primary key ranges), counted as message_stats does;
+-- the caller scales the counts up by stride / width.
+WITH RECURSIVE w(lo) AS (
+    SELECT CAST(%(lo)s AS SIGNED)
+    UNION ALL
+    SELECT lo + %(stride)s FROM w WHERE lo + %(stride)s <= %(hi)s
+)
+SELECT m.topic,
+       SUM(m.available_at <= t.now) AS ready,
+       SUM(m.available_at > t.now AND m.lease IS NULL) AS scheduled,
+       SUM(m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight
+FROM w STRAIGHT_JOIN {p}message m FORCE INDEX (PRIMARY)
+         ON m.id >= w.lo AND m.id < w.lo + %(width)s,
+     (SELECT UTC_TIMESTAMP(6) AS now) t
+WHERE (%(topic)s IS NULL OR m.topic = %(topic)s)
+GROUP BY m.topic, t.now;
+
+-- name: message_topic_after :one
+-- The next live topic after `after`, one claim-index probe (stats() walks the topics so).
+SELECT topic FROM {p}message WHERE topic > %(after)s ORDER BY topic LIMIT 1;
+
+-- name: message_priority_at_most :one
+-- A topic's highest priority at or below `at_most`, one claim-index probe.
+SELECT priority FROM {p}message WHERE topic = %(topic)s AND priority <= %(at_most)s
+ORDER BY priority DESC LIMIT 1;
+
+-- name: message_priority_head :one
+-- One priority of a topic from the claim index: the age of its oldest ready message (the
+-- first entry), and its scheduled and leased messages (the entries after now), counted up to
+-- `cap` each.
+SELECT TIMESTAMPDIFF(MICROSECOND, (
+           SELECT available_at FROM {p}message
+           WHERE topic = %(topic)s AND priority = %(priority)s AND available_at <= t.now
+           ORDER BY available_at LIMIT 1), t.now) / 1e6 AS oldest_ready_age,
+       (SELECT COUNT(*) FROM (
+           SELECT 1 FROM {p}message
+           WHERE topic = %(topic)s AND priority = %(priority)s
+             AND available_at > UTC_TIMESTAMP(6) AND lease IS NULL
+           LIMIT %(cap)s) x) AS scheduled,
+       (SELECT COUNT(*) FROM (
+           SELECT 1 FROM {p}message
+           WHERE topic = %(topic)s AND priority = %(priority)s
+             AND available_at > UTC_TIMESTAMP(6) AND lease IS NOT NULL
+           LIMIT %(cap)s) x) AS in_flight
+FROM (SELECT UTC_TIMESTAMP(6) AS now) t;
+
 -- name: dead_stats :many
 SELECT topic, COUNT(*) AS dead FROM {p}dead WHERE (%(topic)s IS NULL OR topic = %(topic)s)
 GROUP BY topic;

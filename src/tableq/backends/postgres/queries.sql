@@ -488,6 +488,71 @@ WHERE (%(topic)s::text IS NULL OR topic = %(topic)s)
   AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
 GROUP BY topic, t.now;
 
+-- name: message_stats_topic :many
+-- One topic, counted through the claim index (stats() of the small topics of a big table).
+SELECT topic,
+       count(*) FILTER (WHERE available_at <= t.now) AS ready,
+       count(*) FILTER (WHERE available_at > t.now AND lease IS NULL) AS scheduled,
+       count(*) FILTER (WHERE available_at > t.now AND lease IS NOT NULL) AS in_flight,
+       extract(epoch FROM t.now - min(available_at) FILTER (WHERE available_at <= t.now))
+           AS oldest_ready_age
+FROM {schema}.message, (SELECT statement_timestamp() AS now) t
+WHERE topic = %(topic)s
+  AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+GROUP BY topic, t.now;
+
+-- name: message_id_span :one
+SELECT min(id) AS lo, max(id) AS hi FROM {schema}.message;
+
+-- name: message_stats_sample :many
+-- The rows of evenly spread id windows (primary key ranges), counted as message_stats does;
+-- the caller scales the counts up by stride / width. The LIMIT keeps each window a key range
+-- of its own: a plain join is planned from the table's statistics, which in a queue are
+-- often stale, and then reads the whole topic.
+SELECT m.topic,
+       count(*) FILTER (WHERE m.available_at <= t.now) AS ready,
+       count(*) FILTER (WHERE m.available_at > t.now AND m.lease IS NULL) AS scheduled,
+       count(*) FILTER (WHERE m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight
+FROM generate_series(%(lo)s::bigint, %(hi)s::bigint, %(stride)s::bigint) AS w(lo),
+     LATERAL (SELECT topic, available_at, lease, load_part FROM {schema}.message
+              WHERE id >= w.lo AND id < w.lo + %(width)s::bigint
+              LIMIT %(width)s::bigint) m,
+     (SELECT statement_timestamp() AS now) t
+WHERE (%(topic)s::text IS NULL OR m.topic = %(topic)s)
+  AND (m.load_part IS NULL OR m.load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+GROUP BY m.topic, t.now;
+
+-- name: message_topic_after :one
+-- The next live topic after `after`, one claim-index probe (stats() walks the topics so).
+SELECT topic FROM {schema}.message WHERE topic > %(after)s ORDER BY topic LIMIT 1;
+
+-- name: message_priority_at_most :one
+-- A topic's highest priority at or below `at_most`, one claim-index probe.
+SELECT priority FROM {schema}.message WHERE topic = %(topic)s AND priority <= %(at_most)s
+ORDER BY priority DESC LIMIT 1;
+
+-- name: message_priority_head :one
+-- One priority of a topic from the claim index: the age of its oldest ready message (the
+-- first entry), and its scheduled and leased messages (the entries after now), counted up to
+-- `cap` each.
+SELECT extract(epoch FROM statement_timestamp() - (
+           SELECT available_at FROM {schema}.message
+           WHERE topic = %(topic)s AND priority = %(priority)s
+             AND available_at <= statement_timestamp()
+             AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+           ORDER BY available_at LIMIT 1)) AS oldest_ready_age,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {schema}.message
+           WHERE topic = %(topic)s AND priority = %(priority)s
+             AND available_at > statement_timestamp() AND lease IS NULL
+             AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
+           LIMIT %(cap)s) x) AS scheduled,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {schema}.message
+           WHERE topic = %(topic)s AND priority = %(priority)s
+             AND available_at > statement_timestamp() AND lease IS NOT NULL
+           LIMIT %(cap)s) x) AS in_flight;
+
 -- name: dead_stats :many
 SELECT topic, count(*) AS dead FROM {schema}.dead
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s) GROUP BY topic;

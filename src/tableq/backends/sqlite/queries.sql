@@ -233,6 +233,63 @@ FROM {p}message, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 WHERE (:topic IS NULL OR topic = :topic)
 GROUP BY topic;
 
+-- name: message_stats_topic :many
+-- One topic, counted through the claim index (stats() of the small topics of a big table).
+SELECT topic,
+       sum(available_at <= t.now) AS ready,
+       sum(available_at > t.now AND lease IS NULL) AS scheduled,
+       sum(available_at > t.now AND lease IS NOT NULL) AS in_flight,
+       t.now - min(CASE WHEN available_at <= t.now THEN available_at END) AS oldest_ready_age
+FROM {p}message, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+WHERE topic = :topic
+GROUP BY topic;
+
+-- name: message_id_span :one
+SELECT min(id) AS lo, max(id) AS hi FROM {p}message;
+
+-- name: message_stats_sample :many
+-- The rows of evenly spread id windows (rowid ranges), counted as message_stats does; the
+-- caller scales the counts up by stride / width.
+WITH RECURSIVE w(lo) AS (
+    SELECT :lo
+    UNION ALL
+    SELECT lo + :stride FROM w WHERE lo + :stride <= :hi
+)
+SELECT m.topic,
+       sum(m.available_at <= t.now) AS ready,
+       sum(m.available_at > t.now AND m.lease IS NULL) AS scheduled,
+       sum(m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight
+FROM w CROSS JOIN {p}message m ON m.id >= w.lo AND m.id < w.lo + :width,
+     (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+WHERE (:topic IS NULL OR m.topic = :topic)
+GROUP BY m.topic;
+
+-- name: message_topic_after :one
+-- The next live topic after `after`, one claim-index probe (stats() walks the topics so).
+SELECT topic FROM {p}message WHERE topic > :after ORDER BY topic LIMIT 1;
+
+-- name: message_priority_at_most :one
+-- A topic's highest priority at or below `at_most`, one claim-index probe.
+SELECT priority FROM {p}message WHERE topic = :topic AND priority <= :at_most
+ORDER BY priority DESC LIMIT 1;
+
+-- name: message_priority_head :one
+-- One priority of a topic from the claim index: the age of its oldest ready message (the
+-- first entry), and its scheduled and leased messages (the entries after now), counted up to
+-- `cap` each.
+SELECT t.now - (SELECT available_at FROM {p}message
+                WHERE topic = :topic AND priority = :priority AND available_at <= t.now
+                ORDER BY available_at LIMIT 1) AS oldest_ready_age,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {p}message
+           WHERE topic = :topic AND priority = :priority AND available_at > t.now
+             AND lease IS NULL LIMIT :cap)) AS scheduled,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {p}message
+           WHERE topic = :topic AND priority = :priority AND available_at > t.now
+             AND lease IS NOT NULL LIMIT :cap)) AS in_flight
+FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t;
+
 -- name: dead_stats :many
 SELECT topic, count(*) AS dead FROM {p}dead WHERE (:topic IS NULL OR topic = :topic) GROUP BY topic;
 
