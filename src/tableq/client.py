@@ -369,11 +369,12 @@ class Client:
     def topics(self) -> list[str]:
         return list(self.call("GET", "/v1/topics")["topics"])
 
-    def stats(self, topic: str | None = None) -> list[TopicStats]:
+    def stats(self, topic: str | None = None, *, exact: bool = False) -> list[TopicStats]:
+        query = "?exact=true" if exact else ""
         if topic is not None:
             return [TopicStats(**self.call("GET",
-                                           f"/v1/topics/{self._topic(topic)}/stats"))]
-        return [TopicStats(**s) for s in self.call("GET", "/v1/stats")["topics"]]
+                                           f"/v1/topics/{self._topic(topic)}/stats{query}"))]
+        return [TopicStats(**s) for s in self.call("GET", f"/v1/stats{query}")["topics"]]
 
     def dead_letters(self, topic: str, *, limit: int = 100) -> list[DeadLetter]:
         out = self.call("GET", f"/v1/topics/{self._topic(topic)}/dead?limit={int(limit)}")

@@ -57,6 +57,8 @@ def test_send_stats_peek_receive_purge(db_url):
 
     stats = {s["topic"]: s for s in jl(tq(db_url, "stats", "--json").stdout)}
     assert stats["emails"]["ready"] == 2502 and stats["later"]["scheduled"] == 1
+    exact = {s["topic"]: s for s in jl(tq(db_url, "stats", "--exact", "--json").stdout)}
+    assert exact["emails"]["ready"] == 2502 and exact["emails"]["estimated"] is False
     assert "emails" in tq(db_url, "stats").stdout  # the rich table
 
     peeked = jl(tq(db_url, "peek", "emails", "--limit", "2", "--json").stdout)

@@ -27,6 +27,9 @@ def test_client_has_the_queue_methods(server: Server) -> None:
         c.send_many("c/t", [b"\x01raw", {"payload": {"b": 1}, "delay": 3600}, [1, 2]])
         assert c.stats("c/t")[0].ready == 3 and c.stats("c/t")[0].scheduled == 1
         assert [s.topic for s in c.stats()] == ["c/t"] and c.topics() == ["c/t"]
+        (exact,) = c.stats("c/t", exact=True)
+        assert (exact.ready, exact.estimated) == (3, False)
+        assert [(s.topic, s.ready) for s in c.stats(exact=True)] == [("c/t", 3)]
         msgs = c.receive("c/t", max=10, visibility_timeout=60)
         assert [m.payload for m in msgs][0] == {"a": 1} and msgs[0].headers == {"h": "v"}
         assert any(m.payload == b"\x01raw" for m in msgs)

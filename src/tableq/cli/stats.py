@@ -49,7 +49,9 @@ def table(rows: list[TopicStats], previous: dict[str, TopicStats], elapsed_s: fl
         t.add_column(col, justify="left" if col == "topic" else "right")
     for s in rows:
         r = rates(previous.get(s.topic), s, elapsed_s)
-        t.add_row(output.clean(s.topic), str(s.ready), str(s.scheduled), str(s.in_flight),
+        # "~": scaled up from a sample of a big table (TopicStats.estimated)
+        n = (lambda v: f"~{v}") if s.estimated else str
+        t.add_row(output.clean(s.topic), n(s.ready), n(s.scheduled), n(s.in_flight),
                   str(s.dead), output.age(s.oldest_ready_age), str(s.done),
                   _rate(r.backlog_per_s if r else None, signed=True),
                   _rate(r.done_per_s if r else None), _rate(r.dead_per_s if r else None))
@@ -64,16 +66,24 @@ def table(rows: list[TopicStats], previous: dict[str, TopicStats], elapsed_s: fl
 @click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
               help="Seconds between samples with --watch.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per topic.")
-def stats(topic: str | None, watch: bool, interval: float, as_json: bool) -> None:
+@click.option("--exact", is_flag=True,
+              help="Count every row, even in a big table where counts are estimated "
+                   "(shown with ~); takes time in proportion to the table.")
+def stats(topic: str | None, watch: bool, interval: float, as_json: bool, exact: bool) -> None:
     """Ready, scheduled, in-flight and dead counts and the oldest ready age, per topic."""
     q: Any = click.get_current_context().obj.queue()
+
+    def sample() -> list[TopicStats]:
+        return list(q.stats(topic, exact=True) if exact else q.stats(topic))
+
     if not watch:
-        rows = q.stats(topic)
+        rows = sample()
         if as_json:
             output.json_lines([{
                 "topic": s.topic, "ready": s.ready, "scheduled": s.scheduled,
                 "in_flight": s.in_flight, "dead": s.dead, "done": s.done,
-                "oldest_ready_age": s.oldest_ready_age} for s in rows])
+                "oldest_ready_age": s.oldest_ready_age, "estimated": s.estimated}
+                for s in rows])
         else:
             output.show(table(rows, {}, 0.0, title=f"tableq stats — {q.where}"))
         return
@@ -86,7 +96,7 @@ def stats(topic: str | None, watch: bool, interval: float, as_json: bool) -> Non
             else None
         with live or _NoLive():
             while True:
-                rows = q.stats(topic)
+                rows = sample()
                 now = time.monotonic()
                 shown = table(rows, previous, now - last, title=title)
                 if live is not None:

@@ -310,11 +310,16 @@ def peek(request: Request, topic: TopicPath, p: Caller,
     return {"messages": [message_out(x) for x in state(request).queue.peek(topic, limit)]}
 
 
+ExactStats = Annotated[bool, Query(
+    description="Count every row even in a big table, where counts are otherwise estimated "
+                "from a sample (`estimated: true`); takes time in proportion to the table")]
+
+
 @router.get("/topics/{topic:path}/stats", response_model=m.StatsOut, responses=ERRORS_TOPIC,
             summary="Counts of one topic")
-def topic_stats(request: Request, topic: TopicPath, p: Caller) -> Any:
+def topic_stats(request: Request, topic: TopicPath, p: Caller, exact: ExactStats = False) -> Any:
     require(p, "stats", topic)
-    return dataclasses.asdict(state(request).queue.stats(topic)[0])
+    return dataclasses.asdict(state(request).queue.stats(topic, exact=exact)[0])
 
 
 @router.get("/topics/{topic:path}/dead", response_model=m.DeadLettersOut, responses=ERRORS_TOPIC,
@@ -358,8 +363,8 @@ def topics(request: Request, p: Caller) -> Any:
 
 @router.get("/stats", response_model=m.StatsListOut, responses=ERRORS,
             summary="Counts of every topic in the token's scope")
-def stats(request: Request, p: Caller) -> Any:
-    return {"topics": [dataclasses.asdict(s) for s in state(request).queue.stats()
+def stats(request: Request, p: Caller, exact: ExactStats = False) -> Any:
+    return {"topics": [dataclasses.asdict(s) for s in state(request).queue.stats(exact=exact)
                        if p.may("stats", s.topic)]}
 
 

@@ -274,6 +274,7 @@ class StatsOut(BaseModel):
     dead: int
     done: int
     oldest_ready_age: float | None
+    estimated: bool = False  # counts scaled up from a sample of a big table
 
 
 class StatsListOut(BaseModel):
