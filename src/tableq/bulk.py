@@ -121,6 +121,13 @@ class Bulk:
         return [q._message(r) for r in backend_of(q).lease_rows(_group(topic, lease, ids,
                                                                          share))]
 
+    def leased_rows(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None,
+                    share: tuple[int, int] = (0, 1)) -> list[Row]:
+        """leased_messages as plain rows for a reader that ships them on (the Spark source):
+        payload and headers as their JSON text (payload None when payload_bytes holds the
+        payload), times as aware datetimes; no Message is built."""
+        return backend_of(self.queue).lease_read(_group(topic, lease, ids, share))
+
     def ack_lease(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None) -> int:
         """Acks every message still held under the group lease; returns how many."""
         return backend_of(self.queue).lease_ack(_group(topic, lease, ids), self.queue.retention)

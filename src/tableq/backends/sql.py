@@ -62,6 +62,8 @@ _PRIORITY_MIN, _PRIORITY_MAX = -(2**31), 2**31 - 1  # the priority column's rang
 
 # Columns some dialects' claim or look-up queries add for their own use; never in a row.
 _HELPER_COLUMNS = ("due_priority", "due_at", "dead_lettered", "db_now")
+# The time columns lease_read returns.
+_LEASE_TIMES = ("created_at", "available_at", "first_available_at", "received_at")
 
 
 class SqlBackend(Backend):
@@ -487,6 +489,15 @@ class SqlBackend(Backend):
 
     def lease_rows(self, group: GroupLease) -> list[Row]:
         return self._shaped(self.Q.lease_rows, group.params())
+
+    def lease_read(self, group: GroupLease) -> list[Row]:
+        rows = self._read_all(self.Q.lease_read, group.params())
+        to_time = self._to_time
+        for row in rows:
+            for name in _LEASE_TIMES:
+                if row[name] is not None:
+                    row[name] = to_time(row[name])
+        return rows
 
     def lease_extend(self, group: GroupLease, extend_s: float) -> int:
         return self._change(self.Q.lease_extend,

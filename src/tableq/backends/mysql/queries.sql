@@ -374,6 +374,14 @@ DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
 SELECT * FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s AND MOD(id, %(n)s) = %(k)s
 ORDER BY priority DESC, id;
 
+-- name: lease_read :many
+-- lease_rows for a reader that passes the rows on as they are (the Spark source): the JSON
+-- columns are text here already.
+SELECT id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       available_at, first_available_at, received_at, lease
+FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s AND MOD(id, %(n)s) = %(k)s
+ORDER BY priority DESC, id;
+
 -- name: done_insert_lease :exec
 -- Run on rows already locked (lease_lock): they cannot change between this copy and the delete.
 INSERT INTO {p}done (id, topic, `key`, kind, payload, payload_bytes, headers, priority, attempts,

@@ -403,6 +403,10 @@ class PostgresBackend(SqlBackend):
         return self._change(self.Q.lease_ack_retain if retain else self.Q.lease_ack,
                             group.params())
 
+    def lease_read(self, group: GroupLease) -> list[Row]:
+        # The pool's sessions run in UTC and psycopg returns aware datetimes: nothing to shape.
+        return self._read_all(self.Q.lease_read, group.params())
+
     # --- staged loads (Spark sink) ------------------------------------------------------------
 
     def stage_write(self, job: str, part: int, batch: Sequence[NewMessage] | PayloadBatch) -> int:

@@ -596,6 +596,16 @@ WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
   AND mod(id, %(n)s) = %(k)s
 ORDER BY priority DESC, id;
 
+-- name: lease_read :many
+-- lease_rows for a reader that passes the rows on as they are (the Spark source): the JSON
+-- columns come as their text, so the driver does not decode every payload on the way.
+SELECT id, topic, key, kind, payload::text AS payload, payload_bytes, headers::text AS headers,
+       priority, attempts, created_at, available_at, first_available_at, received_at, lease
+FROM {schema}.message
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
+  AND mod(id, %(n)s) = %(k)s
+ORDER BY priority DESC, id;
+
 -- name: lease_ack :exec
 DELETE FROM {schema}.message
 WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;

@@ -328,6 +328,14 @@ WHERE topic = :topic AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:id
 SELECT * FROM {p}message WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease AND id % :n = :k
 ORDER BY priority DESC, id;
 
+-- name: lease_read :many
+-- lease_rows for a reader that passes the rows on as they are (the Spark source): the JSON
+-- columns are text here already.
+SELECT id, topic, key, kind, payload, payload_bytes, headers, priority, attempts, created_at,
+       available_at, first_available_at, received_at, lease
+FROM {p}message WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease AND id % :n = :k
+ORDER BY priority DESC, id;
+
 -- name: done_insert_lease :exec
 INSERT INTO {p}done (id, topic, key, kind, payload, payload_bytes, headers, priority, attempts,
                      created_at, first_available_at, received_at, done_at, lease)
