@@ -133,9 +133,15 @@ class Bulk:
         return backend_of(self.queue).lease_ack(_group(topic, lease, ids), self.queue.retention)
 
     def extend_lease(self, topic: str, lease: str, extend: float | timedelta, *,
-                     ids: tuple[int, int] | None = None) -> int:
+                     ids: tuple[int, int] | None = None,
+                     ending_within: float | timedelta | None = None) -> int:
+        """Sets the group's leases to end `extend` seconds from now; with `ending_within`,
+        only those that would end sooner than that from now (a lease just taken is left
+        alone). Returns how many it extended."""
+        within = None if ending_within is None else seconds("ending_within", ending_within, 0.0)
         return backend_of(self.queue).lease_extend(
-            _group(topic, lease, ids), seconds("extend", extend, self.queue.visibility_timeout_s))
+            _group(topic, lease, ids), seconds("extend", extend, self.queue.visibility_timeout_s),
+            within)
 
     # --- snapshot reads of the history (the batch source and the archive pipeline) ---------
 

@@ -43,3 +43,17 @@ def test_lease_batches_equal_the_message_path(spark, q: tableq.Queue) -> None:
         assert [x.to_pylist() for x in fast] == [x.to_pylist() for x in slow]
     assert sum(x.num_rows for x in lease_batches(b.leased_rows("t", "ep:1"), schema)) == 12
     assert list(lease_batches(b.leased_rows("t", "ep:2"), schema)) == []
+
+
+def test_extend_lease_ending_within_leaves_fresh_leases_alone(q: tableq.Queue) -> None:
+    q.send_many("t", [1, 2, 3])
+    b = Bulk(q)
+    ids = b.lease_batch("t", "ep:1", max=10, visibility_timeout=100)
+    span = (min(ids), max(ids))
+    before = {m.id: m.available_at for m in b.leased_messages("t", "ep:1")}
+    assert b.extend_lease("t", "ep:1", 1000, ids=span, ending_within=90) == 0
+    assert {m.id: m.available_at for m in b.leased_messages("t", "ep:1")} == before
+    assert b.extend_lease("t", "ep:1", 1000, ids=span, ending_within=900) == 3
+    assert all(m.available_at > before[m.id] for m in b.leased_messages("t", "ep:1"))
+    assert b.extend_lease("t", "ep:1", 1000, ending_within=900) == 0  # now 1000 s left
+    assert b.extend_lease("t", "ep:2", 1000, ending_within=900) == 0

@@ -291,7 +291,10 @@ class Backend(ABC):
     @abstractmethod
     def lease_ack(self, group: GroupLease, retain: bool) -> int: ...
     @abstractmethod
-    def lease_extend(self, group: GroupLease, extend_s: float) -> int: ...
+    def lease_extend(self, group: GroupLease, extend_s: float,
+                     ending_within_s: float | None = None) -> int:
+        """Sets the group's leases to end extend_s from now; with ending_within_s, only
+        those that would end sooner than that from now. Returns how many it extended."""
 
     # --- staged bulk loads (the Spark sink): invisible until published, all at once
     @abstractmethod

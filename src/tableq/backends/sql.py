@@ -499,9 +499,13 @@ class SqlBackend(Backend):
                     row[name] = to_time(row[name])
         return rows
 
-    def lease_extend(self, group: GroupLease, extend_s: float) -> int:
-        return self._change(self.Q.lease_extend,
-                            {**group.params(), **self._span("extend", extend_s)})
+    def lease_extend(self, group: GroupLease, extend_s: float,
+                     ending_within_s: float | None = None) -> int:
+        params = {**group.params(), **self._span("extend", extend_s)}
+        if ending_within_s is None:
+            return self._change(self.Q.lease_extend, params)
+        return self._change(self.Q.lease_extend_ending,
+                            {**params, **self._span("within", ending_within_s)})
 
     # --- staged loads: the job row, then the dialect's rows (dialects with a stage table
     # for every row) -----------------------------------------------------------------------

@@ -46,6 +46,8 @@ SCHEMAS = {"live": LIVE_SCHEMA, "dead": DEAD_SCHEMA, "done": DONE_SCHEMA}
 # Re-reading a batch's lease on replay must not be outrun by its expiry.
 ACK_WINDOW_ON_START = 3
 CLAIM_CHUNK = 10_000  # receive_batch's largest `max`
+# read() extends a batch's lease only when less than this share of leaseSeconds is left.
+EXTEND_WHEN_LEFT = 0.9
 
 
 def _columns(schema: str) -> list[str]:
@@ -353,8 +355,12 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: LeasePart) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
         q = bulk_for(partition.url)
         if partition.k == 0:  # a replay may come late: keep the batch's messages ours
+            # ...but only a lease with less than nine tenths of leaseSeconds left (a replay's,
+            # or one taken a while ago): a batch leased a moment ago keeps its lease, as
+            # rewriting every row of it costs nearly as much as the claim did.
             q.extend_lease(partition.topic, partition.lease, partition.lease_seconds,
-                           ids=partition.ids)
+                           ids=partition.ids,
+                           ending_within=partition.lease_seconds * EXTEND_WHEN_LEFT)
         rows = q.leased_rows(partition.topic, partition.lease, ids=partition.ids,
                              share=(partition.k, partition.n))
         yield from lease_batches(rows, self.schema)

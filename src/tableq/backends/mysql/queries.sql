@@ -397,6 +397,13 @@ DELETE FROM {p}message WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s 
 UPDATE {p}message SET available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
 WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
+-- name: lease_extend_ending :exec
+-- lease_extend of the leases that end within within_us only: a lease taken a moment ago is
+-- not rewritten.
+UPDATE {p}message SET available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s MICROSECOND
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
+  AND available_at < UTC_TIMESTAMP(6) + INTERVAL %(within_us)s MICROSECOND;
+
 -- name: stage_insert :exec
 INSERT INTO {p}stage (job, part, topic, `key`, kind, payload, payload_bytes, headers, priority,
                       delay_s, at)

@@ -626,6 +626,13 @@ FROM gone;
 UPDATE {schema}.message SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
 WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
 
+-- name: lease_extend_ending :exec
+-- lease_extend of the leases that end within within_s only: a lease taken a moment ago is
+-- not rewritten (every extended row is a new row version and new index entries).
+UPDATE {schema}.message SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
+  AND available_at < statement_timestamp() + make_interval(secs => %(within_s)s);
+
 -- name: stage_copy :copy
 COPY {schema}.stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
                      delay_s, at) FROM STDIN;

@@ -350,6 +350,13 @@ DELETE FROM {p}message WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease
 UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
 WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease;
 
+-- name: lease_extend_ending :exec
+-- lease_extend of the leases that end within within_s only: a lease taken a moment ago is
+-- not rewritten.
+UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + :extend_s
+WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease
+  AND available_at < (julianday('now') - 2440587.5) * 86400.0 + :within_s;
+
 -- name: stage_insert :exec
 INSERT INTO {p}stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
                       delay_s, at)
