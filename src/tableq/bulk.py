@@ -122,10 +122,11 @@ class Bulk:
                                                                          share))]
 
     def leased_rows(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None,
-                    share: tuple[int, int] = (0, 1)) -> list[Row]:
-        """leased_messages as plain rows for a reader that ships them on (the Spark source):
-        payload and headers as their JSON text (payload None when payload_bytes holds the
-        payload), times as aware datetimes; no Message is built."""
+                    share: tuple[int, int] = (0, 1)) -> dict[str, list[Any]]:
+        """leased_messages column by column ({name: values in row order}, {} when none) for
+        a reader that ships them on (the Spark source): payload and headers as their JSON
+        text (payload None when payload_bytes holds the payload), times as aware datetimes;
+        no Message is built."""
         return backend_of(self.queue).lease_read(_group(topic, lease, ids, share))
 
     def ack_lease(self, topic: str, lease: str, *, ids: tuple[int, int] | None = None) -> int:

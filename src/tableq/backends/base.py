@@ -284,10 +284,10 @@ class Backend(ABC):
     @abstractmethod
     def lease_rows(self, group: GroupLease) -> list[Row]: ...
     @abstractmethod
-    def lease_read(self, group: GroupLease) -> list[Row]:
-        """lease_rows as the columns are stored, for a reader that ships them on: payload and
-        headers stay JSON text (payload None when the payload is bytes), times are aware
-        datetimes; no other shaping."""
+    def lease_read(self, group: GroupLease) -> dict[str, list[Any]]:
+        """lease_rows column by column (name -> values in row order; {} when none), for a
+        reader that ships them on: payload and headers stay JSON text (payload None when
+        payload_bytes holds it), times are aware datetimes; no other shaping."""
     @abstractmethod
     def lease_ack(self, group: GroupLease, retain: bool) -> int: ...
     @abstractmethod

@@ -490,14 +490,14 @@ class SqlBackend(Backend):
     def lease_rows(self, group: GroupLease) -> list[Row]:
         return self._shaped(self.Q.lease_rows, group.params())
 
-    def lease_read(self, group: GroupLease) -> list[Row]:
+    def lease_read(self, group: GroupLease) -> dict[str, list[Any]]:
         rows = self._read_all(self.Q.lease_read, group.params())
+        columns = {name: [r[name] for r in rows] for name in (rows[0] if rows else ())}
         to_time = self._to_time
-        for row in rows:
-            for name in _LEASE_TIMES:
-                if row[name] is not None:
-                    row[name] = to_time(row[name])
-        return rows
+        for name in _LEASE_TIMES:
+            if name in columns:
+                columns[name] = [None if v is None else to_time(v) for v in columns[name]]
+        return columns
 
     def lease_extend(self, group: GroupLease, extend_s: float,
                      ending_within_s: float | None = None) -> int:

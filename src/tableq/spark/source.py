@@ -6,6 +6,7 @@ maps Spark's read protocols onto them."""
 from __future__ import annotations
 
 import json
+import json.encoder
 import json.scanner
 import logging
 import uuid
@@ -100,7 +101,29 @@ def arrow_batches(rows: Iterator[dict[str, Any]], schema: StructType) -> Iterato
 # json.loads / json.dumps without their per-call wrappers (a 50,000-row batch makes 100,000
 # calls): the same decoder and the same compact encoder the reader has always used.
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())
-_compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _compact_encoder() -> Any:
+    """json.dumps(value, ensure_ascii=False, separators=(",", ":")), as a function. The C
+    encoder is made once here; JSONEncoder.encode makes a new one for every value."""
+    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+    try:
+        make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+        c_encode = make(None, encoder.default, json.encoder.encode_basestring, None, ":", ",",
+                        False, False, True)
+
+        def encode(value: Any) -> str:
+            return "".join(c_encode(value, 0))
+
+        probe = {"a": [1, 2.5, None, True, "é\n"], "b": {}}
+        if encode(probe) == encoder.encode(probe):
+            return encode
+    except (AttributeError, TypeError):  # another Python's json: the plain way
+        pass
+    return encoder.encode
+
+
+_compact_json = _compact_encoder()
 
 
 def _json_value(text: str) -> Any:
@@ -121,29 +144,30 @@ def _headers(text: str | None) -> Any:
     return {} if text is None or text == "{}" else (_json_value(text) or {})
 
 
-def _lease_column(name: str, rows: Sequence[dict[str, Any]]) -> list[Any]:
+def _lease_column(name: str, columns: dict[str, list[Any]]) -> list[Any]:
     if name == "payload":
-        return [None if r["payload_bytes"] is not None else _payload_text(r["payload"])
-                for r in rows]
+        return [None if b is not None else _payload_text(t)
+                for t, b in zip(columns["payload"], columns["payload_bytes"], strict=True)]
     if name == "payload_bytes":
-        return [None if (b := r["payload_bytes"]) is None else bytes(b) for r in rows]
+        return [None if b is None else bytes(b) for b in columns["payload_bytes"]]
     if name == "headers":
-        return [_headers(r["headers"]) for r in rows]
-    return [r.get(name) for r in rows]
+        return [_headers(t) for t in columns["headers"]]
+    return columns.get(name) or [None] * len(columns["id"])
 
 
-def lease_batches(rows: Sequence[dict[str, Any]], schema: StructType) -> Iterator[Any]:
-    """Rows of Bulk.leased_rows as Arrow record batches in the exact Arrow schema Spark
-    expects for `schema`: the values arrow_batches gives for the same messages, built a
-    column at a time with no Message or tuple per row in between."""
+def lease_batches(columns: dict[str, list[Any]], schema: StructType) -> Iterator[Any]:
+    """The columns of Bulk.leased_rows as Arrow record batches in the exact Arrow schema
+    Spark expects for `schema`: the values arrow_batches gives for the same messages, built
+    a column at a time with no Message, dict or tuple per row in between."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    if not columns:
+        return
     pa_schema = to_arrow_schema(schema, timezone="UTC")
-    columns = schema.fieldNames()
-    for start in range(0, len(rows), ARROW_BATCH_ROWS):
-        chunk = rows[start:start + ARROW_BATCH_ROWS]
-        yield pa.RecordBatch.from_arrays([_lease_column(c, chunk) for c in columns],
+    arrays = [_lease_column(name, columns) for name in schema.fieldNames()]
+    for start in range(0, len(columns["id"]), ARROW_BATCH_ROWS):
+        yield pa.RecordBatch.from_arrays([a[start:start + ARROW_BATCH_ROWS] for a in arrays],
                                          schema=pa_schema)
 
 
@@ -361,9 +385,9 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             q.extend_lease(partition.topic, partition.lease, partition.lease_seconds,
                            ids=partition.ids,
                            ending_within=partition.lease_seconds * EXTEND_WHEN_LEFT)
-        rows = q.leased_rows(partition.topic, partition.lease, ids=partition.ids,
-                             share=(partition.k, partition.n))
-        yield from lease_batches(rows, self.schema)
+        columns = q.leased_rows(partition.topic, partition.lease, ids=partition.ids,
+                                share=(partition.k, partition.n))
+        yield from lease_batches(columns, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._ack_through(end["epoch"], _seq(end), _ids(end))
