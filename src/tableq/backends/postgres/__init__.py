@@ -361,8 +361,10 @@ class PostgresBackend(SqlBackend):
         return sql, params
 
     def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
-        # A filtered claim has no ids-only twin: it returns whole rows, of which the ids are kept.
-        plain = self.Q.message_claim_ids if spec.ids_only else self.Q.message_claim
+        # A filtered or partly charged claim has no ids-only twin: it returns whole rows, of
+        # which the ids are kept. message_claim_ids leases under the caller's token only.
+        lean = spec.ids_only and spec.charge is None and spec.lease is not None
+        plain = self.Q.message_claim_ids if lean else self.Q.message_claim
         sql, params = self._claim_params(plain, self.Q.message_claim_where, spec)
         raw = self.run(lambda cur: self._all(cur, sql, params), conn)
         dead_lettered = int(raw[0]["dead_lettered"]) if raw else 0

@@ -294,8 +294,10 @@ FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l 
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 
 -- name: message_claim_ids :many
--- message_claim returning only the leased ids (a holder that reads the rows later by their
--- lease: the Spark source), so 10k-row leases do not carry their payloads back.
+-- message_claim for a group lease held under one caller-chosen token, returning only the
+-- leased ids (the Spark source reads the rows later by their lease), so 10k-row leases do not
+-- carry their payloads back. Every leased message is charged an attempt (no `charge`), so
+-- there is no ranking (about a tenth less time per 10k-row claim than message_claim).
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
 -- Rows already received max_attempts times go to the dead-letter store instead; the final
 -- LEFT JOIN returns one row even when nothing was leased, to carry the dead-lettered count.
@@ -320,26 +322,15 @@ WITH due AS (
            statement_timestamp()
     FROM spent
     RETURNING 1
-), ranked AS (
-    -- A NULL charge charges every leased message; n charges the first n in delivery order
-    -- (a worker charges its prefetched messages later, when their handlers start), except a
-    -- last allowed attempt beyond the first charge_last (ClaimSpec.charges).
-    SELECT id, priority, available_at,
-           CASE WHEN %(charge)s::bigint IS NULL THEN true
-                ELSE rn <= COALESCE(%(charge_last)s::bigint, %(charge)s::bigint)
-                     OR (rn <= %(charge)s::bigint AND attempts + 1 < %(max_attempts)s) END AS charged
-    FROM (SELECT *, row_number() OVER (ORDER BY priority DESC, available_at, id) AS rn
-          FROM due WHERE attempts < %(max_attempts)s) d
 ), leased AS (
     UPDATE {schema}.message m
-    SET lease = COALESCE(%(lease)s::text, gen_random_uuid()::text),
-        attempts = m.attempts + ranked.charged::int,
+    SET lease = %(lease)s::text,
+        attempts = m.attempts + 1,
         received_at = statement_timestamp(),
         available_at = statement_timestamp() + make_interval(secs => %(vt)s)
-    FROM ranked
-    WHERE m.id = ranked.id
-    RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
-              ranked.charged
+    FROM due
+    WHERE m.id = due.id AND due.attempts < %(max_attempts)s
+    RETURNING m.id, due.priority AS due_priority, due.available_at AS due_at
 )
 SELECT l.id, b.dead_lettered
 FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l ON true
