@@ -103,7 +103,8 @@ def arrow_batches(rows: Iterator[dict[str, Any]], schema: StructType) -> Iterato
 
 # json.loads / json.dumps without their per-call wrappers (a 50,000-row batch makes 100,000
 # calls): the same decoder and the same compact encoder the reader has always used.
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+# (typeshed types make_scanner's argument as a scanner, not the decoder it takes.)
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def _compact_encoder() -> Any:
