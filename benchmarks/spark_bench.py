@@ -100,7 +100,7 @@ def measure(base_url: str, *, rows: int, stream_rows: int, max_rows: int = 50_00
         frame(n).write.format("tableq").option("url", url).option("topic", "bench") \
             .mode("append").save()
         took = time.perf_counter() - t
-        assert q.stats("bench")[0].ready == n, q.stats("bench")
+        assert q.stats("bench", exact=True)[0].ready == n, q.stats("bench", exact=True)
         q.close()
         return took
 
@@ -117,7 +117,7 @@ def measure(base_url: str, *, rows: int, stream_rows: int, max_rows: int = 50_00
          .option("dbtable", f"{schema}.message").option("user", user)
          .option("password", password).option("batchsize", "10000").mode("append").save())
         took = time.perf_counter() - t
-        assert q.stats("bench")[0].ready == n, q.stats("bench")
+        assert q.stats("bench", exact=True)[0].ready == n, q.stats("bench", exact=True)
         q.close()
         return took
 
@@ -140,7 +140,7 @@ def measure(base_url: str, *, rows: int, stream_rows: int, max_rows: int = 50_00
                     cp.write_row(("bench", json.dumps({"n": i, "s": f"payload-{i}"}), now, now))
             conn.commit()
             took = time.perf_counter() - t
-        assert q.stats("bench")[0].ready == n, q.stats("bench")
+        assert q.stats("bench", exact=True)[0].ready == n, q.stats("bench", exact=True)
         q.close()
         return took
 
@@ -208,7 +208,7 @@ def measure(base_url: str, *, rows: int, stream_rows: int, max_rows: int = 50_00
          .writeStream.format("noop").option("checkpointLocation", f"{ck}/a")
          .trigger(availableNow=True).start().awaitTermination())
         out["stream_rate"] = m / (time.perf_counter() - t)
-        assert not q.stats("stream-a") or q.stats("stream-a")[0].live == 0
+        assert not q.stats("stream-a", exact=True) or q.stats("stream-a", exact=True)[0].live == 0
         results.append((f"stream read (maxRows={args.max_rows}) -> noop, acked", m,
                         out["stream_rate"]))
         # Topic to topic, exactly once: stream-b -> moved through the tableq sink.
@@ -220,7 +220,7 @@ def measure(base_url: str, *, rows: int, stream_rows: int, max_rows: int = 50_00
          .option("sinkName", "bench").option("checkpointLocation", f"{ck}/b")
          .trigger(availableNow=True).start().awaitTermination())
         out["a_to_b_rate"] = m / (time.perf_counter() - t)
-        moved = q.stats("moved")[0].ready
+        moved = q.stats("moved", exact=True)[0].ready
         assert moved == m, (moved, m)
         results.append((f"stream a -> b through the tableq sink (maxRows={args.max_rows})",
                         moved, out["a_to_b_rate"]))
