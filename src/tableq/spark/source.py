@@ -314,7 +314,8 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         # The stream ends after this many messages (those due now) or when none is left.
-        s = self._q().queue.stats(self.opts.topic)[0]
+        # Counted, not estimated: a short estimate of a big topic would end the stream early.
+        s = self._q().queue.stats(self.opts.topic, exact=True)[0]
         self._budget = s.ready
         log.info("tableq.available_now topic=%s budget=%d", self.opts.topic, s.ready)
 
