@@ -511,6 +511,7 @@ def test_stats_estimate_a_big_table(q: tableq.Queue) -> None:
     backend = q._backend
     backend.stats_exact_span, backend.stats_sample_ids = 50, 120
     backend.stats_sample_windows, backend.stats_exact_topic = 12, 100
+    backend.stats_min_windows = 5
 
     exact = {s.topic: s for s in q.stats(exact=True)}
     assert (exact["big"].ready, exact["big"].scheduled, exact["big"].in_flight) == (280, 40, 20)

@@ -430,7 +430,9 @@ def test_stats_sample_plan() -> None:
     assert len(range(s.lo, s.hi + 1, s.stride)) == 100
     assert scaled({"ready": 10, "scheduled": None, "in_flight": 1}, s) == {
         "ready": 5000, "scheduled": 0, "in_flight": 500}
-    assert needs_exact({"ready": 19_999}) and not needs_exact({"ready": 15_000, "in_flight": 5_000})
+    assert needs_exact({"ready": 19_999}, 50)
+    assert not needs_exact({"ready": 15_000, "in_flight": 5_000}, 10)
+    assert needs_exact({"ready": 100_000}, 1)  # one burst in one window: not to be scaled
     heads = [{"oldest_ready_age": 3.5, "scheduled": 4, "in_flight": 0},
              {"oldest_ready_age": None, "scheduled": 2, "in_flight": 20_000}]
     est = topic_estimate({"ready": 5000, "scheduled": 500, "in_flight": 700}, heads)

@@ -11,12 +11,14 @@ from typing import Any
 # Counting every live row costs time in proportion to the table (about 200 ms a million
 # rows on PostgreSQL, a second on MariaDB). Above EXACT_SPAN ids between the oldest and
 # newest live message, stats() reads SAMPLE_IDS ids instead, in SAMPLE_WINDOWS evenly spread
-# id windows, and scales what it finds; a topic estimated below EXACT_TOPIC rows is then
-# counted exactly anyway, so small topics beside a big one stay exact.
+# id windows, and scales what it finds; a topic estimated below EXACT_TOPIC rows, or seen in
+# fewer than MIN_WINDOWS windows, is then counted exactly anyway, so small topics beside a
+# big one stay exact.
 EXACT_SPAN = 200_000
 SAMPLE_IDS = 20_000
 SAMPLE_WINDOWS = 100
 EXACT_TOPIC = 20_000
+MIN_WINDOWS = 10  # ... and found in fewer windows than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +75,13 @@ def scaled(sampled: Mapping[str, Any], sample: IdSample) -> dict[str, int]:
             for k in ("ready", "scheduled", "in_flight")}
 
 
-def needs_exact(counts: Mapping[str, int], *, exact_topic: int = EXACT_TOPIC) -> bool:
-    """Whether a topic's scaled sample is too small to trust (count the topic instead)."""
-    return sum(counts.values()) < exact_topic
+def needs_exact(counts: Mapping[str, int], windows: int, *, exact_topic: int = EXACT_TOPIC,
+                min_windows: int = MIN_WINDOWS) -> bool:
+    """Whether a topic's scaled sample is too small to trust (count the topic instead):
+    too few rows, or rows found in too few windows (a topic sent in one burst sits in a
+    narrow id range, and the one window that hits it would be scaled up as if it were
+    everywhere)."""
+    return sum(counts.values()) < exact_topic or windows < min_windows
 
 
 def topic_estimate(counts: Mapping[str, int], heads: Sequence[Mapping[str, Any]],

@@ -44,6 +44,7 @@ from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
 from tableq.stats import (
     EXACT_SPAN,
     EXACT_TOPIC,
+    MIN_WINDOWS,
     SAMPLE_IDS,
     SAMPLE_WINDOWS,
     id_sample,
@@ -77,6 +78,7 @@ class SqlBackend(Backend):
     stats_sample_ids = SAMPLE_IDS
     stats_sample_windows = SAMPLE_WINDOWS
     stats_exact_topic = EXACT_TOPIC
+    stats_min_windows = MIN_WINDOWS
     pool: Pool
     test_clock: bool = False
     # How many times a short transaction is tried on a transient conflict.
@@ -444,7 +446,9 @@ class SqlBackend(Backend):
         live: dict[str, Row] = {}
         for name in topics:
             counts = scaled(sampled[name], sample) if name in sampled else None
-            if counts is None or needs_exact(counts, exact_topic=self.stats_exact_topic):
+            if counts is None or needs_exact(counts, int(sampled[name]["windows"]),
+                                             exact_topic=self.stats_exact_topic,
+                                             min_windows=self.stats_min_windows):
                 live.update((r["topic"], r) for r in
                             self._all(cur, self.Q.message_stats_topic, {"topic": name}))
                 continue

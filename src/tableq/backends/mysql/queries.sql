@@ -295,7 +295,8 @@ WITH RECURSIVE w(lo) AS (
 SELECT m.topic,
        SUM(m.available_at <= t.now) AS ready,
        SUM(m.available_at > t.now AND m.lease IS NULL) AS scheduled,
-       SUM(m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight
+       SUM(m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight,
+       COUNT(DISTINCT w.lo) AS windows
 FROM w STRAIGHT_JOIN {p}message m FORCE INDEX (PRIMARY)
          ON m.id >= w.lo AND m.id < w.lo + %(width)s,
      (SELECT UTC_TIMESTAMP(6) AS now) t

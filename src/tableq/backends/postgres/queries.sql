@@ -503,7 +503,8 @@ SELECT min(id) AS lo, max(id) AS hi FROM {schema}.message;
 SELECT m.topic,
        count(*) FILTER (WHERE m.available_at <= t.now) AS ready,
        count(*) FILTER (WHERE m.available_at > t.now AND m.lease IS NULL) AS scheduled,
-       count(*) FILTER (WHERE m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight
+       count(*) FILTER (WHERE m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight,
+       count(DISTINCT w.lo) AS windows
 FROM generate_series(%(lo)s::bigint, %(hi)s::bigint, %(stride)s::bigint) AS w(lo),
      LATERAL (SELECT topic, available_at, lease, load_part FROM {schema}.message
               WHERE id >= w.lo AND id < w.lo + %(width)s::bigint

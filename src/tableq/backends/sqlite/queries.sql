@@ -258,7 +258,8 @@ WITH RECURSIVE w(lo) AS (
 SELECT m.topic,
        sum(m.available_at <= t.now) AS ready,
        sum(m.available_at > t.now AND m.lease IS NULL) AS scheduled,
-       sum(m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight
+       sum(m.available_at > t.now AND m.lease IS NOT NULL) AS in_flight,
+       count(DISTINCT w.lo) AS windows
 FROM w CROSS JOIN {p}message m ON m.id >= w.lo AND m.id < w.lo + :width,
      (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 WHERE (:topic IS NULL OR m.topic = :topic)
