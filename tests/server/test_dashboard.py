@@ -239,3 +239,14 @@ def test_csrf_and_fetch_metadata_without_a_browser(dash: Server) -> None:
     assert r.status_code == 303 and token not in r.headers["location"]
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
+
+
+def test_estimated_counts_are_marked() -> None:
+    from tableq.server.dashboard import _fields
+    from tableq.stats import TopicStats
+    rows = [TopicStats("big", 9_901_683, 0, 50, 2, 1.5, estimated=True),
+            TopicStats("small", 3, 1, 0, 0, None)]
+    f = _fields(rows)
+    assert f["big:ready"] == "~" + fmt_number(9_901_683) and f["big:dead"] == fmt_number(2)
+    assert f["small:ready"] == fmt_number(3) and f["*:ready"] == "~" + fmt_number(9_901_686)
+    assert f["*:dead"] == fmt_number(2)

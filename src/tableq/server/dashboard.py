@@ -160,16 +160,23 @@ def _top_errors(st: ServerState, p: Principal, topics: list[str]) -> list[list[A
     return [[t, e, fmt_number(n)] for (t, e), n in counts.most_common(10)]
 
 
+ESTIMATED = ("ready", "scheduled", "in_flight")  # the counts stats() may estimate
+
+
 def _fields(rows: list[Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     totals = collections.Counter[str]()
+    estimated: set[str] = set()  # "~": scaled from a sample of a big table (TopicStats.estimated)
     for s in rows:
         for name in ("ready", "scheduled", "in_flight", "dead", "done"):
-            out[f"{s.topic}:{name}"] = fmt_number(getattr(s, name))
+            about = "~" if s.estimated and name in ESTIMATED else ""
+            out[f"{s.topic}:{name}"] = about + fmt_number(getattr(s, name))
             totals[name] += getattr(s, name)
+            if about:
+                estimated.add(name)
         out[f"{s.topic}:oldest"] = fmt_age(s.oldest_ready_age)
     for name in ("ready", "scheduled", "in_flight", "dead", "done"):
-        out[f"*:{name}"] = fmt_number(totals[name])
+        out[f"*:{name}"] = ("~" if name in estimated else "") + fmt_number(totals[name])
     oldest = [s.oldest_ready_age for s in rows if s.oldest_ready_age is not None]
     out["*:oldest"] = fmt_age(max(oldest) if oldest else None)
     out["*:topics"] = fmt_number(len(rows))
