@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
     from tableq.transaction import Transaction
 
+# A message's priority: the priority column's range (a 32-bit integer on every database).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
 P = TypeVar("P", default=Any)  # the payload type of a Message or DeadLetter
 Q = TypeVar("Q")
 

@@ -22,7 +22,16 @@ from tableq.backends.base import (
 )
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, EncodedJson, JsonText, KindRegistry
 from tableq.errors import DuplicateMessage, InvalidArgument, LeaseLost, PayloadInvalid
-from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult, SendStatus
+from tableq.message import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    DeadLetter,
+    Message,
+    OnDuplicate,
+    ReceiveMode,
+    SendResult,
+    SendStatus,
+)
 from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
 from tableq.stats import TopicStats
 from tableq.transaction import Transaction
@@ -30,7 +39,6 @@ from tableq.transaction import Transaction
 DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 RECEIVE_MAX_LIMIT = 10_000
-PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 ON_DUPLICATE: tuple[OnDuplicate, ...] = get_args(OnDuplicate)
 MODES: tuple[ReceiveMode, ...] = get_args(ReceiveMode)
 _ITEM_FIELDS = {"payload", "key", "kind", "headers", "priority", "delay", "at"}

@@ -41,6 +41,7 @@ from tableq.backends.base import (
     token_record,
 )
 from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
+from tableq.message import PRIORITY_MAX, PRIORITY_MIN
 from tableq.stats import (
     EXACT_SPAN,
     EXACT_TOPIC,
@@ -58,8 +59,6 @@ T = TypeVar("T")
 R = TypeVar("R", tuple[int, str], tuple[int, str, int])
 Cursor = Any  # the dialect's cursor (or, for sqlite3, its connection)
 Params = dict[str, Any]
-
-_PRIORITY_MIN, _PRIORITY_MAX = -(2**31), 2**31 - 1  # the priority column's range
 
 # Columns some dialects' claim or look-up queries add for their own use; never in a row.
 _HELPER_COLUMNS = ("due_priority", "due_at", "dead_lettered", "db_now")
@@ -471,8 +470,8 @@ class SqlBackend(Backend):
     def _priorities(self, cur: Cursor, topic: str) -> list[int]:
         """A topic's priorities, highest first, a claim-index probe each."""
         found: list[int] = []
-        at_most = _PRIORITY_MAX
-        while at_most >= _PRIORITY_MIN and (row := self._one(
+        at_most = PRIORITY_MAX
+        while at_most >= PRIORITY_MIN and (row := self._one(
                 cur, self.Q.message_priority_at_most, {"topic": topic, "at_most": at_most})):
             found.append(int(row["priority"]))
             at_most = found[-1] - 1

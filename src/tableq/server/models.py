@@ -20,8 +20,8 @@ from pydantic import (
     model_validator,
 )
 
-from tableq.message import OnDuplicate, ReceiveMode
-from tableq.queue import MAX_DURATION_S, PRIORITY_MAX, PRIORITY_MIN
+from tableq.message import PRIORITY_MAX, PRIORITY_MIN, OnDuplicate, ReceiveMode
+from tableq.queue import MAX_DURATION_S
 
 # Over HTTP, topic names are printable ASCII without leading or trailing spaces (the library
 # also takes other printable Unicode); exact, so the schema and the server agree.
