@@ -51,7 +51,9 @@ def connect(
     the URL, which the command line can pass); PostgreSQL and MySQL
     `pool_size`, `connect_timeout_s`, and `transaction_idle_timeout_s` (300: the server rolls
     back a transaction of the library's, such as a queue.transaction(), left idle that long,
-    releasing its locks; not on MySQL 8).
+    releasing its locks; not on MySQL 8); PostgreSQL `vacuum` (True: the queue vacuums its
+    message table itself, paced by how many rows it churned, since autovacuum comes at most
+    once a minute; False leaves it to autovacuum).
     `test_clock=True` is for tests only: the queue's clock stands still in a small test_clock
     table (created by migrate) and moves only by tableq.testing.advance_clock()."""
     queue = Queue(

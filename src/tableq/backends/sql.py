@@ -203,6 +203,10 @@ class SqlBackend(Backend):
 
     # --- lifecycle ----------------------------------------------------------------------------
 
+    def _churned(self, n: int) -> None:
+        """Hears that n row versions of the message table were just made dead (claims,
+        charges, heartbeats, acks): PostgreSQL paces its own vacuum by them."""
+
     def close(self) -> None:
         self.pool.close()
 
@@ -361,7 +365,9 @@ class SqlBackend(Backend):
                 penalty: bool, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error, "refund": 0 if penalty else 1,
                   **self._span("delay", delay_s), **self.wake_params}
-        return self._change(self.Q.message_release, params, conn) > 0
+        released = self._change(self.Q.message_release, params, conn)
+        self._churned(released)
+        return released > 0
 
     def message_extend(self, msg_id: int, lease: str, extend_s: float,
                progress_json: str | None) -> datetime | None:
@@ -387,7 +393,9 @@ class SqlBackend(Backend):
             if started is not None:
                 started(out)
             return out
-        return self.run(run, tx=started is not None)
+        charged = self.run(run, tx=started is not None)
+        self._churned(len(charged))
+        return charged
 
     def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
                     ) -> dict[int, datetime]:
@@ -398,7 +406,9 @@ class SqlBackend(Backend):
                 out.update((r["id"], self._to_time(r["available_at"]))
                            for r in self._all(cur, self.Q.message_extend_many, p))
             return out
-        return self.run(run)
+        extended = self.run(run)
+        self._churned(len(extended))
+        return extended
 
     def message_dead_letter_taken(self, row: Row, error: str) -> None:
         self._change(self.Q.dead_insert, {**dead_row_values(row, self._db_time), "error": error})
@@ -506,9 +516,12 @@ class SqlBackend(Backend):
                      ending_within_s: float | None = None) -> int:
         params = {**group.params(), **self._span("extend", extend_s)}
         if ending_within_s is None:
-            return self._change(self.Q.lease_extend, params)
-        return self._change(self.Q.lease_extend_ending,
-                            {**params, **self._span("within", ending_within_s)})
+            extended = self._change(self.Q.lease_extend, params)
+        else:
+            extended = self._change(self.Q.lease_extend_ending,
+                                    {**params, **self._span("within", ending_within_s)})
+        self._churned(extended)
+        return extended
 
     # --- staged loads: the job row, then the dialect's rows (dialects with a stage table
     # for every row) -----------------------------------------------------------------------

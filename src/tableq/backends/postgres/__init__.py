@@ -6,6 +6,7 @@ claims; LISTEN/NOTIFY wake-up hints."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -30,11 +31,13 @@ from tableq.backends.base import (
     gather,
 )
 from tableq.backends.postgres.errors import map_errors
+from tableq.backends.postgres.vacuum import Vacuumer
 from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
+log = logging.getLogger("tableq.vacuum")
 MIN_VERSION = 130000  # gen_random_uuid() is built in from 13 on
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("statement_timestamp()", "(SELECT clock FROM {schema}.test_clock)")
@@ -135,7 +138,8 @@ class PostgresBackend(SqlBackend):
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32, connect_timeout_s: float = 10,
                  application_name: str = "tableq",
-                 transaction_idle_timeout_s: float = 300.0, test_clock: bool = False) -> None:
+                 transaction_idle_timeout_s: float = 300.0, test_clock: bool = False,
+                 vacuum: bool = True) -> None:
         self.url, self.where = url, url.redacted
         self.schema = url.namespace
         quoted = f'"{self.schema}"'
@@ -159,8 +163,41 @@ class PostgresBackend(SqlBackend):
         self._checked = False
         self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
                          socket_of=lambda c: c.fileno())
+        self.vacuumer = Vacuumer(self._vacuum, self.where) if vacuum else None
 
     # --- connections and transactions -----------------------------------------------------
+
+    def close(self) -> None:
+        if self.vacuumer is not None:
+            self.vacuumer.close()
+        super().close()
+
+    def _churned(self, n: int) -> None:
+        if self.vacuumer is not None:
+            self.vacuumer.churned(n)
+
+    def _vacuum(self) -> float | None:
+        """VACUUM (SKIP_LOCKED) of the message table, then its row estimate; None when this
+        role may not vacuum it (PostgreSQL skips it with a warning, not an error)."""
+        skipped: list[str] = []
+
+        def notice(diag: psycopg.errors.Diagnostic) -> None:
+            if diag.severity_nonlocalized == "WARNING":
+                skipped.append(diag.message_primary or "")
+        with self.pool.connection() as c, self.map_errors():
+            c.add_notice_handler(notice)
+            try:
+                c.execute(self.Q.message_vacuum)
+            finally:
+                c.remove_notice_handler(notice)
+            if skipped:
+                log.warning("tableq: cannot vacuum %s.message (%s); autovacuum alone keeps it "
+                            "small, which a busy queue outgrows: let this role own the schema, "
+                            "or pass vacuum=False to connect() to stop trying", self.schema,
+                            skipped[0])
+                return None
+            row = c.execute(self.Q.message_rows).fetchone()
+            return float(row[0]) if row else 0.0
 
     def map_errors(self) -> AbstractContextManager[None]:
         return map_errors(self.where)
@@ -369,6 +406,7 @@ class PostgresBackend(SqlBackend):
         raw = self.run(lambda cur: self._all(cur, sql, params), conn)
         dead_lettered = int(raw[0]["dead_lettered"]) if raw else 0
         leased = [r for r in raw if r["id"] is not None]
+        self._churned(len(leased) + dead_lettered)
         if spec.ids_only:
             return ClaimResult([{"id": r["id"]} for r in leased], dead_lettered)
         return ClaimResult([self._row(r) for r in leased], dead_lettered)
@@ -376,6 +414,7 @@ class PostgresBackend(SqlBackend):
     def message_take(self, spec: ClaimSpec) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, self.Q.message_take_where, spec)
         raw = self.run(lambda cur: self._all(cur, sql, params))
+        self._churned(len(raw))
         rows = sorted((self._row(r) for r in raw),
                       key=lambda r: (-r["priority"], r["available_at"], r["id"]))
         for r in rows:  # it counts as received once
@@ -385,8 +424,10 @@ class PostgresBackend(SqlBackend):
     def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
                     conn: Any = None) -> set[int]:
         query = self.Q.message_ack_retain if retain else self.Q.message_ack
-        return self.run(lambda cur: {r["id"] for r in self._all(cur, query, self._refs(refs))},
-                        conn)
+        acked = self.run(lambda cur: {r["id"] for r in self._all(cur, query, self._refs(refs))},
+                         conn)
+        self._churned(len(acked))
+        return acked
 
     def message_dead_letter(self, msg_id: int, lease: str, error: str, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error}
@@ -402,8 +443,10 @@ class PostgresBackend(SqlBackend):
     # --- group leases (Spark source) ---------------------------------------------------------
 
     def lease_ack(self, group: GroupLease, retain: bool) -> int:
-        return self._change(self.Q.lease_ack_retain if retain else self.Q.lease_ack,
-                            group.params())
+        acked = self._change(self.Q.lease_ack_retain if retain else self.Q.lease_ack,
+                             group.params())
+        self._churned(acked)
+        return acked
 
     def lease_read(self, group: GroupLease) -> dict[str, list[Any]]:
         # Tuples in binary format, transposed at once: a 50,000-row batch came 50 ms sooner

@@ -64,6 +64,17 @@ ON CONFLICT DO NOTHING;
 -- name: test_clock_advance :exec
 UPDATE {schema}.test_clock SET clock = clock + make_interval(secs => %(by_s)s);
 
+-- name: message_vacuum :exec
+-- Run by the backend itself once enough rows churned (vacuum.py); SKIP_LOCKED: when another
+-- vacuum (autovacuum, another process's) holds the table, this one is not needed. TRUNCATE
+-- false: giving empty tail pages back waits for a lock no busy queue leaves free (vacuums of
+-- 2-10 ms took 50-150 ms, and the pacing let the table grow meanwhile); the space is reused.
+VACUUM (SKIP_LOCKED, TRUNCATE false) {schema}.message;
+
+-- name: message_rows :one
+-- The planner's row estimate, which the VACUUM just before refreshed.
+SELECT GREATEST(reltuples, 0) AS n FROM pg_class WHERE oid = '{schema}.message'::regclass;
+
 -- name: listen :exec
 -- LISTEN takes no parameters: the schema's wake-up channel is named once, at load.
 LISTEN {channel};

@@ -1,0 +1,141 @@
+"""PostgreSQL's message table is vacuumed by the backend itself, paced by churn
+(backends/postgres/vacuum.py): it stays near its size through heavy churn, the pacing
+survives a failing vacuum, and a role that may not vacuum the table is told once and left
+alone, its queue working as before."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+import tableq
+from tableq.backends.postgres.vacuum import DUTY, MIN_CHURN, Vacuumer, vacuum_due
+from tableq.url import parse_url
+from tests.conftest import PG_URL, _conninfo_pg
+
+BACKLOG = 2_000
+BATCH = 500
+
+
+def test_vacuum_due_by_churn_share_and_duty() -> None:
+    assert not vacuum_due(MIN_CHURN - 1, 0, 100.0, 0.0)  # a small table is left to grow a bit
+    assert vacuum_due(MIN_CHURN, 0, 0.0, 0.0)
+    assert not vacuum_due(40_000, 100_000, 100.0, 0.0)  # half the table's rows, not yet
+    assert vacuum_due(50_000, 100_000, 100.0, 0.0)
+    # A vacuum that took 2 s waits 20 s, however much churned meanwhile.
+    assert not vacuum_due(10**9, 0, 2.0 * DUTY - 0.1, 2.0)
+    assert vacuum_due(10**9, 0, 2.0 * DUTY, 2.0)
+
+
+def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[float] = []
+
+    def vacuum() -> float:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise tableq.DatabaseError("the database is away")
+        return 10.0
+
+    v = Vacuumer(vacuum, "here")
+    try:
+        with caplog.at_level(logging.WARNING, logger="tableq.vacuum"):
+            v.churned(MIN_CHURN)
+            assert _wait(lambda: len(calls) == 1)
+            assert v.runs == 0
+            v.churned(MIN_CHURN)  # the churn is kept, and the retry waits its turn
+            time.sleep(0.3)
+            assert len(calls) == 1
+        assert "the database is away" in caplog.text
+    finally:
+        v.close()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    name = "tq_" + uuid.uuid4().hex[:12]
+    yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={name}"
+    with psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _size(url: str) -> int:
+    schema = url.rsplit("schema=", 1)[1]
+    with psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as c:
+        row = c.execute("SELECT pg_total_relation_size(%s)", (f'"{schema}".message',)).fetchone()
+    return int(row[0])  # type: ignore[index]
+
+
+def _churn(q: tableq.Queue, messages: int) -> None:
+    for _ in range(messages // BATCH):
+        q.send_many("t", [{"i": i, "pad": "x" * 80} for i in range(BATCH)])
+        got = 0
+        while got < BATCH:
+            msgs = q.receive("t", max=100)
+            q.ack_many(msgs)
+            got += len(msgs)
+
+
+def test_churn_leaves_the_table_near_its_size(pg_url: str) -> None:
+    with tableq.connect(pg_url, migrate=True) as q:
+        q.send_many("t", [{"i": i, "pad": "x" * 80} for i in range(BACKLOG)])
+        start = _size(pg_url)
+        _churn(q, 30 * BACKLOG)
+        vacuumer = q._backend.vacuumer  # type: ignore[attr-defined]
+        assert _wait(lambda: bool(vacuumer.runs >= 1))
+        end = _size(pg_url)
+        (s,) = q.stats("t", exact=True)
+        assert s.live == BACKLOG
+    # Left to autovacuum (once a minute at most), the same churn grows the table about 28x (3.0x with it).
+    assert end <= 4 * start, (start, end, vacuumer.runs)
+
+
+def test_vacuum_false_leaves_it_to_autovacuum(pg_url: str) -> None:
+    with tableq.connect(pg_url, migrate=True, vacuum=False) as q:
+        assert q._backend.vacuumer is None  # type: ignore[attr-defined]
+        _churn(q, 2 * MIN_CHURN)
+
+
+def test_a_role_that_may_not_vacuum_is_told_once(pg_url: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    schema = pg_url.rsplit("schema=", 1)[1]
+    role = "tq_role_" + uuid.uuid4().hex[:8]
+    tableq.connect(pg_url, migrate=True).close()
+    admin = psycopg.connect(_conninfo_pg(PG_URL), autocommit=True)
+    try:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        admin.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" '
+                      f'TO "{role}"')
+        admin.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{schema}" TO "{role}"')
+        u = parse_url(PG_URL)
+        url = f"postgresql://{role}@{u.host}:{u.port or 5432}/{u.database}?schema={schema}"
+        with caplog.at_level(logging.WARNING, logger="tableq.vacuum"), \
+                tableq.connect(url) as q:
+            vacuumer = q._backend.vacuumer  # type: ignore[attr-defined]
+            _churn(q, 2 * MIN_CHURN)
+            assert _wait(lambda: bool(vacuumer._off))
+            _churn(q, 2 * MIN_CHURN)  # the queue works on, and nobody tries again
+            assert vacuumer.runs == 0
+            (s,) = q.stats("t", exact=True)
+            assert s.live == 0
+        warnings = [r for r in caplog.records if "cannot vacuum" in r.getMessage()]
+        assert len(warnings) == 1
+        assert "vacuum=False" in warnings[0].getMessage()
+    finally:
+        admin.execute(f'DROP OWNED BY "{role}"')
+        admin.execute(f'DROP ROLE "{role}"')
+        admin.close()
