@@ -99,7 +99,7 @@ def test_churn_leaves_the_table_near_its_size(pg_url: str) -> None:
         end = _size(pg_url)
         (s,) = q.stats("t", exact=True)
         assert s.live == BACKLOG
-    # Left to autovacuum (once a minute at most), the same churn grows the table about 28x (3.0x with it).
+    # Left to autovacuum (at most once a minute), the same churn grew it 28x; with it, 3.0x.
     assert end <= 4 * start, (start, end, vacuumer.runs)
 
 
