@@ -150,8 +150,10 @@ def _all(res: Any) -> Iterator[str]:
     # 7. Spark
     spark = res.once("spark", pg, "local[2]")
     rates = {name: rate for name, _, rate in spark["table"]} if spark else {}
-    yield "7. Spark stream consume >= 40k rows/s: " + verdict(
-        (spark or {}).get("stream_rate"), 40_000, unit="rows/s")
+    yield "7. Spark stream consume >= 40k rows/s, micro-batches after the first: " + verdict(
+        (spark or {}).get("stream_steady_rate"), 40_000, unit="rows/s")
+    yield "7. Spark stream consume >= 40k rows/s, end to end (the query's start included): " \
+        + verdict((spark or {}).get("stream_rate"), 40_000, unit="rows/s")
     yield "7. Spark batch writer vs JDBC writer: " + verdict(
         _ratio((spark or {}).get("write_rate"), (spark or {}).get("jdbc_write_rate")), 1.5)
     yield "7. Spark batch writer vs bare COPY: " + verdict(
