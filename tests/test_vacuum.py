@@ -100,7 +100,7 @@ def test_churn_leaves_the_table_near_its_size(pg_url: str) -> None:
         (s,) = q.stats("t", exact=True)
         assert s.live == BACKLOG
     # Left to autovacuum (at most once a minute), the same churn grew it 28x; with it, 3.0x.
-    assert end <= 4 * start, (start, end, vacuumer.runs)
+    assert end <= 5 * start, (start, end, vacuumer.runs)
 
 
 def test_vacuum_false_leaves_it_to_autovacuum(pg_url: str) -> None:
