@@ -67,7 +67,7 @@ DIALECT_ONLY = {
         "doctor_sees_all_sessions",
         # the backend's own vacuum, paced by churn (autovacuum comes at most once a minute;
         # InnoDB purges on its own; SQLite reuses freed pages)
-        "message_vacuum", "message_rows",
+        "message_vacuum", "message_swept",
     },
     "mysql": {
         # no RETURNING: read back what a statement changed, under a row lock

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import tableq
-from tableq.backends.postgres.vacuum import DUTY, MIN_CHURN, Vacuumer, vacuum_due
+from tableq.backends.postgres.vacuum import DUTY, MIN_CHURN, RETRY_S, Swept, Vacuumer, vacuum_wait
 from tableq.url import parse_url
 from tests.conftest import PG_URL, _conninfo_pg
 
@@ -22,14 +22,17 @@ BACKLOG = 2_000
 BATCH = 500
 
 
-def test_vacuum_due_by_churn_share_and_duty() -> None:
-    assert not vacuum_due(MIN_CHURN - 1, 0, 100.0, 0.0)  # a small table is left to grow a bit
-    assert vacuum_due(MIN_CHURN, 0, 0.0, 0.0)
-    assert not vacuum_due(40_000, 100_000, 100.0, 0.0)  # half the table's rows, not yet
-    assert vacuum_due(50_000, 100_000, 100.0, 0.0)
-    # A vacuum that took 2 s waits 20 s, however much churned meanwhile.
-    assert not vacuum_due(10**9, 0, 2.0 * DUTY - 0.1, 2.0)
-    assert vacuum_due(10**9, 0, 2.0 * DUTY, 2.0)
+def test_vacuum_waits_for_churn_and_paces_a_vacuum_that_removed_little() -> None:
+    clean, big, stuck = Swept(0, 0), Swept(100_000, 0), Swept(0, 10**6)
+    assert vacuum_wait(MIN_CHURN - 1, clean, 100.0, 0.0) is None  # a small table grows a bit
+    assert vacuum_wait(MIN_CHURN, clean, 0.0, 0.0) == 0.0
+    assert vacuum_wait(40_000, big, 100.0, 0.0) is None  # not yet half the table's rows
+    assert vacuum_wait(50_000, big, 0.0, 0.0) == 0.0
+    # A slow vacuum that removed what churned does not hold the next one back ...
+    assert vacuum_wait(10**9, clean, 0.0, 5.0) == 0.0
+    # ... one that could not (a long transaction holds the rows) waits DUTY times its length.
+    assert vacuum_wait(10**9, stuck, 2.0 * DUTY - 0.5, 2.0) == pytest.approx(0.5)
+    assert vacuum_wait(10**9, stuck, 2.0 * DUTY, 2.0) == 0.0
 
 
 def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -44,11 +47,11 @@ def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
 def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) -> None:
     calls: list[float] = []
 
-    def vacuum() -> float:
+    def vacuum() -> Swept:
         calls.append(time.monotonic())
         if len(calls) == 1:
             raise tableq.DatabaseError("the database is away")
-        return 10.0
+        return Swept(10.0, 0.0)
 
     v = Vacuumer(vacuum, "here")
     try:
@@ -59,6 +62,7 @@ def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) ->
             v.churned(MIN_CHURN)  # the churn is kept, and the retry waits its turn
             time.sleep(0.3)
             assert len(calls) == 1
+            assert v._wait_s() == pytest.approx(RETRY_S - 0.3, abs=0.2)
         assert "the database is away" in caplog.text
     finally:
         v.close()

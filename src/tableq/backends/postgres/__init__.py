@@ -31,7 +31,7 @@ from tableq.backends.base import (
     gather,
 )
 from tableq.backends.postgres.errors import map_errors
-from tableq.backends.postgres.vacuum import Vacuumer
+from tableq.backends.postgres.vacuum import Swept, Vacuumer
 from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
 from tableq.url import DatabaseURL
@@ -176,9 +176,9 @@ class PostgresBackend(SqlBackend):
         if self.vacuumer is not None:
             self.vacuumer.churned(n)
 
-    def _vacuum(self) -> float | None:
-        """VACUUM (SKIP_LOCKED) of the message table, then its row estimate; None when this
-        role may not vacuum it (PostgreSQL skips it with a warning, not an error)."""
+    def _vacuum(self) -> Swept | None:
+        """VACUUM (SKIP_LOCKED) of the message table, then what it left; None when this role
+        may not vacuum it (PostgreSQL skips it with a warning, not an error)."""
         skipped: list[str] = []
 
         def notice(diag: psycopg.errors.Diagnostic) -> None:
@@ -196,8 +196,8 @@ class PostgresBackend(SqlBackend):
                             "or pass vacuum=False to connect() to stop trying", self.schema,
                             skipped[0])
                 return None
-            row = c.execute(self.Q.message_rows).fetchone()
-            return float(row[0]) if row else 0.0
+            row = c.execute(self.Q.message_swept).fetchone()
+            return Swept(float(row[0]), float(row[1])) if row else Swept(0.0, 0.0)
 
     def map_errors(self) -> AbstractContextManager[None]:
         return map_errors(self.where)

@@ -6,7 +6,7 @@ to hold them for good (VACUUM frees space for reuse, it does not give it back). 
 backend runs `VACUUM (SKIP_LOCKED)` on the message table itself, in a background thread,
 once the rows it changed since the last one reach a share of the table.
 
-The decision is pure (vacuum_due); the thread only counts and waits."""
+The decision is pure (vacuum_wait); the thread only counts and waits."""
 
 from __future__ import annotations
 
@@ -16,47 +16,67 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 log = logging.getLogger("tableq.vacuum")
 
 # Vacuum once the row versions this process made dead since the last vacuum reach this share
-# of the table's rows. A 20k backlog with 300k messages through at 8k a second ended at 1.8x
-# its size (vacuumed every 0.5 s; every 1 s by a timer, 2.6x; left to autovacuum, 33x); a 2k
-# backlog levelled off at 3.0x (28x left to autovacuum, and growing).
+# of the table's rows. A 20k backlog with 1M messages through at 9k a second ended at 1.86x
+# its size (left to autovacuum, 45x); a 2k backlog levelled off at 3.0x (28x left to
+# autovacuum, and growing).
 CHURN_SHARE = 0.5
 # ... and never for fewer than this many: a nearly empty table is cheap to let grow a little.
 MIN_CHURN = 2_000
-# ... and not sooner after the last vacuum than this many times its duration, so vacuuming
-# takes at most about a tenth of one connection's time. This also paces it while a long
-# transaction keeps dead rows from being removed, when every vacuum scans them again.
+# While the last vacuum could not remove what churned (a long transaction holds the rows
+# visible: see `tableq doctor`), every vacuum scans them again for nothing; then the next one
+# waits this many times the last one's duration, so it takes at most about a tenth of one
+# connection's time. A vacuum that did remove its rows is never held back by its duration:
+# one slowed by a checkpoint's writes would otherwise let the table grow meanwhile, making
+# the next one slower still (a benchmark run ended at 45x its size that way).
 DUTY = 10.0
 # After a failed vacuum (the database away), the next try waits this long.
 RETRY_S = 10.0
 
 
-def vacuum_due(churn: int, rows: float, since_s: float, last_took_s: float) -> bool:
-    """Whether `churn` dead row versions (made since the last vacuum, `since_s` ago, which
-    took `last_took_s`) in a table of about `rows` live rows call for a vacuum now."""
-    return churn >= max(MIN_CHURN, CHURN_SHARE * rows) and since_s >= DUTY * last_took_s
+@dataclass(frozen=True)
+class Swept:
+    """What a vacuum left: the table's live rows and the dead row versions it could not
+    remove (the server's estimates)."""
+
+    rows: float
+    dead: float
+
+
+def vacuum_wait(churn: int, last: Swept, since_s: float, last_took_s: float) -> float | None:
+    """Seconds until `churn` dead row versions, made since the last vacuum (which left
+    `last`, took `last_took_s` and ended `since_s` ago), call for a vacuum: 0.0 for now, None
+    while too few have churned."""
+    threshold = max(MIN_CHURN, CHURN_SHARE * last.rows)
+    if churn < threshold:
+        return None
+    if last.dead < threshold:  # it removed what churned: the next may come at once
+        return 0.0
+    return max(0.0, DUTY * last_took_s - since_s)
 
 
 class Vacuumer:
     """Counts churn (`churned(n)`) and runs `vacuum()` on its own daemon thread when
-    vacuum_due says so. `vacuum()` vacuums and returns the table's row estimate after it, or
-    None when it cannot vacuum (not the table's owner): then the Vacuumer stops for good.
+    vacuum_wait says so. `vacuum()` vacuums and returns what it left (Swept), or None when it
+    cannot vacuum (not the table's owner): then the Vacuumer stops for good.
     Errors (the database away) are logged and the churn is kept for the next try."""
 
-    def __init__(self, vacuum: Callable[[], float | None], where: str) -> None:
+    def __init__(self, vacuum: Callable[[], Swept | None], where: str) -> None:
         self._vacuum, self._where = vacuum, where
         self._cond = threading.Condition()
         self._churn = 0
-        self._rows = 0.0
+        self._last = Swept(0.0, 0.0)
         self._last_end = time.monotonic()
         self._last_took = 0.0
         self._thread: threading.Thread | None = None
         self._closed = False
         self._off = False
         self._failing = False
+        self._retry_at = 0.0
         self.runs = 0  # vacuums finished by this process (tests and tuning read it)
         ref = weakref.ref(self)
 
@@ -78,40 +98,46 @@ class Vacuumer:
                     self._thread.start()
                 self._cond.notify()
 
+    def _wait_s(self) -> float | None:
+        """vacuum_wait, and no sooner than a failed vacuum's retry time."""
+        now = time.monotonic()
+        wait = vacuum_wait(self._churn, self._last, now - self._last_end, self._last_took)
+        return None if wait is None else max(wait, self._retry_at - now)
+
     def _due(self) -> bool:
-        return vacuum_due(self._churn, self._rows, time.monotonic() - self._last_end,
-                          self._last_took)
+        wait = self._wait_s()
+        return wait is not None and wait <= 0.0
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._closed and not self._due():
-                    # Woken by churned(), or once the duty wait after the last vacuum is over.
-                    wait = self._last_took * DUTY - (time.monotonic() - self._last_end)
-                    self._cond.wait(timeout=max(0.001, wait) if self._churn else None)
+                    # Woken by churned() once enough churned, or when the wait after a
+                    # vacuum that removed too little (or failed) is over.
+                    self._cond.wait(timeout=self._wait_s())
                 if self._closed:
                     return
                 counted = self._churn
             began = time.monotonic()
             try:
-                rows = self._vacuum()
+                swept = self._vacuum()
             except Exception as e:  # the thread outlives an outage: tried again, paced below
                 if not self._failing:
                     log.warning("tableq: vacuuming the message table at %s failed (%s); "
                                 "trying again every %.0f s", self._where, e, RETRY_S)
                 self._failing = True
                 with self._cond:
-                    self._last_end, self._last_took = time.monotonic(), RETRY_S / DUTY
+                    self._retry_at = time.monotonic() + RETRY_S
                 continue
             self._failing = False
             with self._cond:
                 end = time.monotonic()
                 self._last_end, self._last_took = end, end - began
                 self._churn -= counted
-                if rows is None:
+                if swept is None:
                     self._off = True
                     return
-                self._rows = rows
+                self._last = swept
                 self.runs += 1
 
     def close(self) -> None:
