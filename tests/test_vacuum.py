@@ -143,3 +143,19 @@ def test_a_role_that_may_not_vacuum_is_told_once(pg_url: str,
         admin.execute(f'DROP OWNED BY "{role}"')
         admin.execute(f'DROP ROLE "{role}"')
         admin.close()
+
+
+def test_a_vacuum_skipped_for_a_lock_keeps_the_vacuumer_on(pg_url: str) -> None:
+    """Autovacuum (or another process's vacuum) holding the table makes VACUUM (SKIP_LOCKED)
+    skip it with a warning: that is no reason to stop vacuuming, unlike a missing right."""
+    schema = pg_url.rsplit("schema=", 1)[1]
+    with tableq.connect(pg_url, migrate=True) as q, \
+            psycopg.connect(_conninfo_pg(PG_URL)) as holder:
+        holder.execute(f'LOCK TABLE "{schema}".message IN SHARE UPDATE EXCLUSIVE MODE')
+        backend = q._backend  # type: ignore[attr-defined]
+        swept = backend._vacuum()
+        holder.rollback()
+        assert isinstance(swept, Swept)
+        _churn(q, 2 * MIN_CHURN)
+        assert _wait(lambda: bool(backend.vacuumer.runs >= 1))
+        assert not backend.vacuumer._off

@@ -38,6 +38,7 @@ from tableq.url import DatabaseURL
 
 T = TypeVar("T")
 log = logging.getLogger("tableq.vacuum")
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of VACUUM (SKIP_LOCKED)'s warning when it skips
 MIN_VERSION = 130000  # gen_random_uuid() is built in from 13 on
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("statement_timestamp()", "(SELECT clock FROM {schema}.test_clock)")
@@ -182,7 +183,9 @@ class PostgresBackend(SqlBackend):
         skipped: list[str] = []
 
         def notice(diag: psycopg.errors.Diagnostic) -> None:
-            if diag.severity_nonlocalized == "WARNING":
+            # A vacuum of another process or autovacuum holds the table: SKIP_LOCKED skips
+            # it with a warning too (lock_not_available), and that one is doing the work.
+            if diag.severity_nonlocalized == "WARNING" and diag.sqlstate != LOCK_NOT_AVAILABLE:
                 skipped.append(diag.message_primary or "")
         with self.pool.connection() as c, self.map_errors():
             c.add_notice_handler(notice)
