@@ -264,3 +264,14 @@ def test_mysql_charging_one_message_reads_it_by_primary_key(db_url: str) -> None
             [plan] = backend.run(
                 lambda cur, p=params: backend._all(cur, "EXPLAIN " + backend.Q.message_charge, p))
             assert (plan["type"], plan["key"]) == ("range", "PRIMARY"), plan
+
+
+def test_an_option_of_another_database_is_invalid_argument(db_url: str) -> None:
+    """Backend options differ by database (SQLite's synchronous, the servers' pool_size,
+    PostgreSQL's vacuum): one the database does not have is refused by name, with the ones
+    it has, never a TypeError from a constructor."""
+    wrong = {"sqlite": "vacuum", "postgres": "synchronous", "mysql": "vacuum"}
+    dialect = parse_url(db_url).dialect
+    with pytest.raises(tableq.InvalidArgument, match=f"{wrong[dialect]} is not an option of a "
+                                                     f"{dialect} queue; its options are: "):
+        tableq.connect(db_url, **{wrong[dialect]: False})

@@ -4,12 +4,13 @@ missing driver is a clear MissingDriver error, not an ImportError at import time
 from __future__ import annotations
 
 import importlib
+import inspect
 from datetime import timedelta
 from typing import Any
 
 from tableq.backends.base import Backend
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES
-from tableq.errors import MissingDriver
+from tableq.errors import InvalidArgument, MissingDriver
 from tableq.queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_VISIBILITY_TIMEOUT_S, Queue
 from tableq.url import DEFAULT_URL, DatabaseURL, parse_url
 
@@ -27,6 +28,13 @@ def open_backend(url: DatabaseURL, **options: Any) -> Backend:
     except ImportError:
         raise MissingDriver(url.dialect, extra, driver) from None
     backend_cls = getattr(importlib.import_module(module), cls)
+    known = [name for name, p in inspect.signature(backend_cls).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and name != "test_clock"]
+    unknown = sorted(set(options) - set(known) - {"test_clock"})
+    if unknown:
+        raise InvalidArgument(
+            f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'}"
+            f" of a {url.dialect} queue; its options are: {', '.join(known) or 'none'}")
     return backend_cls(url, **options)  # type: ignore[no-any-return]
 
 
