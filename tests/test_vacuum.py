@@ -8,15 +8,17 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 import tableq
 from tableq.backends.postgres.vacuum import DUTY, MIN_CHURN, RETRY_S, Swept, Vacuumer, vacuum_wait
+from tableq.testing import wait_until
 from tableq.url import parse_url
-from tests.conftest import PG_URL, _conninfo_pg
+from tests.conftest import PG_URL, _conninfo_pg, make_url
 
 BACKLOG = 2_000
 BATCH = 500
@@ -35,15 +37,6 @@ def test_vacuum_waits_for_churn_and_paces_a_vacuum_that_removed_little() -> None
     assert vacuum_wait(10**9, stuck, 2.0 * DUTY, 2.0) == 0.0
 
 
-def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
-
-
 def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) -> None:
     calls: list[float] = []
 
@@ -57,7 +50,7 @@ def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) ->
     try:
         with caplog.at_level(logging.WARNING, logger="tableq.vacuum"):
             v.churned(MIN_CHURN)
-            assert _wait(lambda: len(calls) == 1)
+            wait_until(lambda: len(calls) == 1)
             assert v.runs == 0
             v.churned(MIN_CHURN)  # the churn is kept, and the retry waits its turn
             time.sleep(0.3)
@@ -69,11 +62,9 @@ def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) ->
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    name = "tq_" + uuid.uuid4().hex[:12]
-    yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={name}"
-    with psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh PostgreSQL schema (skipped without a server, failed under CI=true)."""
+    yield from make_url("postgres", tmp_path)
 
 
 def _size(url: str) -> int:
@@ -99,7 +90,7 @@ def test_churn_leaves_the_table_near_its_size(pg_url: str) -> None:
         start = _size(pg_url)
         _churn(q, 30 * BACKLOG)
         vacuumer = q._backend.vacuumer  # type: ignore[attr-defined]
-        assert _wait(lambda: bool(vacuumer.runs >= 1))
+        wait_until(lambda: vacuumer.runs >= 1)
         end = _size(pg_url)
         (s,) = q.stats("t", exact=True)
         assert s.live == BACKLOG
@@ -131,7 +122,7 @@ def test_a_role_that_may_not_vacuum_is_told_once(pg_url: str,
                 tableq.connect(url) as q:
             vacuumer = q._backend.vacuumer  # type: ignore[attr-defined]
             _churn(q, 2 * MIN_CHURN)
-            assert _wait(lambda: bool(vacuumer._off))
+            wait_until(lambda: vacuumer._off)
             _churn(q, 2 * MIN_CHURN)  # the queue works on, and nobody tries again
             assert vacuumer.runs == 0
             (s,) = q.stats("t", exact=True)
@@ -157,5 +148,5 @@ def test_a_vacuum_skipped_for_a_lock_keeps_the_vacuumer_on(pg_url: str) -> None:
         holder.rollback()
         assert isinstance(swept, Swept)
         _churn(q, 2 * MIN_CHURN)
-        assert _wait(lambda: bool(backend.vacuumer.runs >= 1))
+        wait_until(lambda: backend.vacuumer.runs >= 1)
         assert not backend.vacuumer._off

@@ -29,12 +29,13 @@ def open_backend(url: DatabaseURL, **options: Any) -> Backend:
         raise MissingDriver(url.dialect, extra, driver) from None
     backend_cls = getattr(importlib.import_module(module), cls)
     known = [name for name, p in inspect.signature(backend_cls).parameters.items()
-             if p.kind is p.KEYWORD_ONLY and name != "test_clock"]
-    unknown = sorted(set(options) - set(known) - {"test_clock"})
+             if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
     if unknown:
+        shown = ", ".join(name for name in known if name != "test_clock")  # tests only
         raise InvalidArgument(
             f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'}"
-            f" of a {url.dialect} queue; its options are: {', '.join(known) or 'none'}")
+            f" of a {url.dialect} queue; its options are: {shown}")
     return backend_cls(url, **options)  # type: ignore[no-any-return]
 
 

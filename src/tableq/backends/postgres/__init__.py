@@ -6,7 +6,6 @@ claims; LISTEN/NOTIFY wake-up hints."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -31,13 +30,12 @@ from tableq.backends.base import (
     gather,
 )
 from tableq.backends.postgres.errors import map_errors
-from tableq.backends.postgres.vacuum import Swept, Vacuumer
+from tableq.backends.postgres.vacuum import Swept, Vacuumer, log
 from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
-log = logging.getLogger("tableq.vacuum")
 LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of VACUUM (SKIP_LOCKED)'s warning when it skips
 MIN_VERSION = 130000  # gen_random_uuid() is built in from 13 on
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
