@@ -11,11 +11,12 @@ import pytest
 import tableq
 from tableq.backends._queries import parse_named, split_statements
 from tableq.backends.base import NewMessage
+from tableq.backends.postgres import PostgresBackend
 from tableq.codecs import EncodedJson, JsonText, KindRegistry, encode_payload, encode_payloads
 from tableq.errors import DuplicateMessage, InvalidURL, PayloadInvalid, PayloadTooLarge
 from tableq.names import check_topic, check_where
 from tableq.queue import dedupe_batch, seconds
-from tableq.url import parse_url
+from tableq.url import URL_PARAMS, parse_url
 
 BACKENDS_DIR = pathlib.Path(tableq.__file__).parent / "backends"
 
@@ -197,6 +198,31 @@ def test_bad_urls(url: str) -> None:
                        else tableq.InvalidName) as err:
         parse_url(url)
     assert str(err.value)
+
+
+@pytest.mark.parametrize("url,unknown", [
+    ("postgresql://h/db?shema=app", "'shema'"),  # misspelled: the tables would go to tableq
+    ("mysql://h/db?schema=app", "'schema'"),  # MySQL has a prefix, not a schema
+    ("sqlite:///q.db?prefix=a_&sync=NORMAL", "'sync'"),
+    ("postgresql://h/db?password=s3cret&schema=s", "'password'"),
+])
+def test_unknown_url_parameters_are_refused_with_the_known_ones(url: str, unknown: str) -> None:
+    with pytest.raises(InvalidURL) as err:
+        parse_url(url)
+    text = str(err.value)
+    assert f"unknown parameter {unknown}" in text and "s3cret" not in text
+    dialect = parse_url(url.split("?")[0]).dialect
+    assert "takes " + ", ".join(URL_PARAMS[dialect]) in text
+
+
+def test_url_connect_timeout() -> None:
+    assert parse_url("postgresql://h/db?connect_timeout=3").connect_timeout_s == 3
+    assert parse_url("mysql://h/db").connect_timeout_s is None
+    for bad in ("0", "x", "1.5", ""):
+        with pytest.raises(InvalidURL, match="whole number of seconds"):
+            parse_url(f"mysql://h/db?connect_timeout={bad}")
+    backend = PostgresBackend(parse_url("postgresql://h/db?connect_timeout=3"), vacuum=False)
+    assert backend.connect_kwargs["connect_timeout"] == 3
 
 
 def test_connect_bad_url_says_what_to_do() -> None:

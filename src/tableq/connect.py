@@ -58,11 +58,13 @@ def connect(
     registered (they pass unvalidated); by default an unregistered kind is refused. Backend
     options: SQLite `synchronous` ("FULL" default, "NORMAL" or "EXTRA"; or `?synchronous=` in
     the URL, which the command line can pass); PostgreSQL and MySQL
-    `pool_size`, `connect_timeout_s`, and `transaction_idle_timeout_s` (300: the server rolls
+    `pool_size`, `connect_timeout_s` (10; `?connect_timeout=` in the URL wins), and
+    `transaction_idle_timeout_s` (300: the server rolls
     back a transaction of the library's, such as a queue.transaction(), left idle that long,
     releasing its locks; not on MySQL 8); PostgreSQL `vacuum` (True: the queue vacuums its
     message table itself, paced by how many rows it churned, since autovacuum comes at most
-    once a minute; False leaves it to autovacuum).
+    once a minute; False leaves it to autovacuum). A URL parameter the database does not take
+    (a misspelled ?schema=, say) is an InvalidURL naming the ones it takes.
     `test_clock=True` is for tests only: the queue's clock stands still in a small test_clock
     table (created by migrate) and moves only by tableq.testing.advance_clock()."""
     queue = Queue(

@@ -24,6 +24,14 @@ _SCHEMES = {
 # last '@' (an unencoded '@', '/' or '?' in a password must not leave part of it shown).
 _USERINFO_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@]*):(?P<pw>.*)@",
                                 re.DOTALL)
+# The query parameters each database's URL takes. Anything else is refused: a misspelled
+# ?schema= would otherwise put the tables somewhere else without a word.
+URL_PARAMS: dict[str, tuple[str, ...]] = {
+    "sqlite": ("prefix", "synchronous"),
+    "postgres": ("schema", "application_name", "connect_timeout", "sslmode", "sslrootcert",
+                 "sslcert", "sslkey", "target_session_attrs"),
+    "mysql": ("prefix", "connect_timeout"),
+}
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd|pwd)=)[^&#]*", re.IGNORECASE)
 
 
@@ -55,6 +63,12 @@ class DatabaseURL:
         return redact(self.raw)
 
     @property
+    def connect_timeout_s(self) -> int | None:
+        """?connect_timeout= in seconds (checked by parse_url), or None when not given."""
+        value = self.params.get("connect_timeout")
+        return None if value is None else int(value)
+
+    @property
     def namespace(self) -> str:
         """Where tableq's tables live: a PostgreSQL schema, or a table-name prefix elsewhere."""
         if self.dialect == "postgres":
@@ -74,6 +88,7 @@ def parse_url(url: str) -> DatabaseURL:
     except ValueError as exc:  # e.g. an unclosed [IPv6] bracket
         raise InvalidURL(redact(url), str(exc)) from None
     params = dict(parse_qsl(parts.query, keep_blank_values=True))
+    _check_params(url, dialect, params)
     if dialect == "sqlite":
         # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
         path = unquote(url.split("://", 1)[1].split("?", 1)[0])
@@ -108,3 +123,17 @@ def parse_url(url: str) -> DatabaseURL:
     )
     _ = result.namespace  # validates ?schema= / ?prefix= now, not at first use
     return result
+
+
+def _check_params(url: str, dialect: str, params: dict[str, str]) -> None:
+    known = URL_PARAMS[dialect]
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        # Names only: a value may be a secret (?password=).
+        raise InvalidURL(redact(url), f"unknown parameter{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))} (a {dialect} URL takes "
+                         f"{', '.join(known)})")
+    timeout = params.get("connect_timeout")
+    if timeout is not None and not (timeout.isdigit() and int(timeout) > 0):
+        raise InvalidURL(redact(url), "connect_timeout must be a whole number of seconds, "
+                         "at least 1")

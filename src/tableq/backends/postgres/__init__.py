@@ -152,11 +152,11 @@ class PostgresBackend(SqlBackend):
         self.connect_kwargs: dict[str, Any] = {
             "host": url.host, "port": url.port or 5432, "dbname": url.database,
             "user": url.user, "password": url.password,
-            "connect_timeout": max(1, int(connect_timeout_s)),
+            "connect_timeout": url.connect_timeout_s or max(1, int(connect_timeout_s)),
             "application_name": url.params.get("application_name", application_name),
         }
         for name in ("sslmode", "sslrootcert", "sslcert", "sslkey", "target_session_attrs"):
-            if name in url.params:
+            if name in url.params:  # libpq's own, passed through
                 self.connect_kwargs[name] = url.params[name]
         self.transaction_idle_ms = str(int(transaction_idle_timeout_s * 1000))
         self._checked = False
