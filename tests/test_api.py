@@ -223,14 +223,17 @@ def test_send_many_large_batch_keeps_order_and_ids(q: tableq.Queue) -> None:
     assert q.stats("big")[0].live == 0
 
 
-def test_send_many_large_batch_keeps_every_value_as_sent(q: tableq.Queue) -> None:
+@pytest.mark.parametrize("with_bytes", [True, False])
+def test_send_many_large_batch_keeps_every_value_as_sent(q: tableq.Queue,
+                                                         with_bytes: bool) -> None:
     # A batch big enough for PostgreSQL's COPY path: values that COPY's text format must
-    # escape, bytes, kinds, headers and priorities all come back as they were sent.
+    # escape, bytes, kinds, headers and priorities all come back as they were sent. Without
+    # bytes, SQLite sends the batch as one JSON parameter, whose escapes must round-trip too.
     odd = ["tab\there", "new\nline", "cr\rx", "back\\slash", "\\N", "\\u0000 literal",
            "quote\"s", "ünï©ødé 🎉", "", "\\x41"]
     items: list[object] = []
     for i in range(150):
-        if i % 10 == 3:
+        if i % 10 == 3 and with_bytes:
             items.append({"payload": bytes([i % 256, 0, 9, 10, 92]), "headers": {"b": "1"}})
         else:
             items.append({"payload": {"i": i, "s": odd[i % len(odd)]}, "priority": i % 3,
@@ -245,6 +248,20 @@ def test_send_many_large_batch_keeps_every_value_as_sent(q: tableq.Queue) -> Non
         assert isinstance(item, dict)
         assert (m.payload, m.headers, m.priority) == (
             item["payload"], item["headers"], item.get("priority", 0))
+
+
+def test_send_many_due_times_per_item(q: tableq.Queue) -> None:
+    at = datetime.now(UTC) + timedelta(days=2)
+    results = q.send_many("due", [
+        {"payload": 0}, {"payload": 1, "delay": 3600}, {"payload": 2, "at": at},
+        {"payload": 3, "delay": timedelta(minutes=5)}, {"payload": 4, "kind": None}])
+    sent = datetime.now(UTC)
+    due = {m.payload: m.available_at for m in q.peek("due", limit=10)}
+    assert [r.status for r in results] == ["sent"] * 5 and len(due) == 5
+    assert abs((due[1] - sent).total_seconds() - 3600) < 60
+    assert abs((due[2] - at).total_seconds()) < 0.01
+    assert abs((due[3] - sent).total_seconds() - 300) < 60
+    assert [m.payload for m in q.receive("due", max=10)] == [0, 4]
 
 
 def test_send_many_error_mode_is_all_or_nothing(q: tableq.Queue) -> None:

@@ -84,8 +84,9 @@ DIALECT_ONLY = {
         "session_synchronous_extra",
         # the listener's wake-up: a counter of other connections' commits
         "session_data_version",
-        # the id of an executemany insert (the driver gives no batch ids)
-        "last_insert_id",
+        # a batch of text payloads as one JSON parameter (message_insert is one row here),
+        # and its last id (the driver gives no batch ids)
+        "message_insert_many", "last_insert_id",
     },
 }
 DIALECTS = ("sqlite", "postgres", "mysql")

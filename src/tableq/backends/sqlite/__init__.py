@@ -227,7 +227,13 @@ class SQLiteBackend(SqlBackend):
         if len(rows) == 1:  # a single send: the driver knows the id (one statement less)
             done = cur.execute(self.Q.message_insert, self._message_params(rows[0]))
             return [int(done.lastrowid)]
-        cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
+        if any(m.data is not None for m in rows):
+            cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
+        else:
+            at = self._db_time
+            cur.execute(self.Q.message_insert_many, {"rows": json.dumps(
+                [[m.topic, m.kind, m.json_text, m.headers_json, m.priority, at(m.at), m.delay_s]
+                 for m in rows], ensure_ascii=False)})
         last = int(self._value(cur, self.Q.last_insert_id, None, "id"))
         return list(range(last - len(rows) + 1, last + 1))
 

@@ -73,6 +73,21 @@ SELECT :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority, t.now
        COALESCE(:at, t.now + :delay_s), COALESCE(:at, t.now + :delay_s)
 FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t;
 
+-- name: message_insert_many :exec
+-- A batch of unkeyed text payloads in one statement: the rows travel as one JSON array,
+-- [[topic, kind, payload text, headers text, priority, at, delay_s], ...], inserted in array
+-- order. The connection holds the write lock, so they get consecutive ids. One statement
+-- instead of one per row (executemany) also writes sqlite_sequence once, not per row: about
+-- 5x faster for 1,000 rows. (Bytes payloads use message_insert: SQLite before 3.41 cannot
+-- decode hex.)
+INSERT INTO {p}message (topic, kind, payload, headers, priority,
+                        created_at, available_at, first_available_at)
+SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, r.value ->> 4, t.now,
+       COALESCE(r.value ->> 5, t.now + (r.value ->> 6)),
+       COALESCE(r.value ->> 5, t.now + (r.value ->> 6))
+FROM json_each(:rows) r, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
+ORDER BY r.key;
+
 -- name: message_find_key :one
 SELECT id FROM {p}message WHERE topic = :topic AND key = :key;
 
