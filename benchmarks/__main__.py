@@ -53,7 +53,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--mysql", metavar="HOST:PORT", help="same, for MariaDB (root)")
     ap.add_argument("--update", action="store_true",
                     help="merge into --out/results.json: the scenarios run now replace that "
-                         "run's records of the same scenarios (RESULTS.md says so)")
+                         "run's records of the same scenarios on the same databases "
+                         "(RESULTS.md says so)")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite RESULTS.md and the chart from --out/results.json")
     ap.add_argument("--seed", type=int, default=15)
@@ -139,13 +140,16 @@ def execute(args: argparse.Namespace, mode: str, cases: list[plan.Case],
 
 
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """`old` with its records of the scenarios in `new` replaced by new's records."""
+    """`old` with its records of the (scenario, database) pairs in `new` replaced by new's
+    records: a run with --db re-measures that database only, and the others' stay."""
     if not old:
         return new
-    redone = {r["case"]["scenario"] for r in new["records"]}
-    kept = [r for r in old["records"] if r["case"]["scenario"] not in redone]
+    redone = {(r["case"]["scenario"], r["case"]["db"]) for r in new["records"]}
+    kept = [r for r in old["records"]
+            if (r["case"]["scenario"], r["case"]["db"]) not in redone]
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(new["started"]))
-    note = (f"{', '.join(sorted(redone))} re-measured in a second run at {stamp} "
+    pairs = sorted({f"{scenario} ({db})" for scenario, db in redone})
+    note = (f"{', '.join(pairs)} re-measured in a second run at {stamp} "
             f"({new['rounds']} round(s), `{' '.join(new.get('argv', []))}`)")
     return {**old, "records": kept + new["records"],
             "updates": [*old.get("updates", []), note],
