@@ -86,7 +86,7 @@ DIALECT_ONLY = {
         "session_data_version",
         # a batch of text payloads as one JSON parameter (message_insert is one row here),
         # and its last id (the driver gives no batch ids)
-        "message_insert_many", "last_insert_id",
+        "message_insert_many", "message_insert_payloads", "last_insert_id",
     },
 }
 DIALECTS = ("sqlite", "postgres", "mysql")

@@ -18,7 +18,6 @@ from tableq.backends.base import (
     NewMessage,
     PayloadBatch,
     Row,
-    as_rows,
 )
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES, EncodedJson, JsonText, KindRegistry
 from tableq.errors import DuplicateMessage, InvalidArgument, LeaseLost, PayloadInvalid
@@ -350,7 +349,13 @@ class Queue:
         at (which override the call's defaults). All are validated before anything is sent."""
         check_topic(topic)
         self._check_send(on_duplicate, connection)
-        rows = as_rows(self._batch(topic, items, kind, headers, priority, delay, at))
+        batch = self._batch(topic, items, kind, headers, priority, delay, at)
+        if isinstance(batch, PayloadBatch):  # bare payloads have no key: nothing to collapse
+            if not len(batch):
+                return []
+            return [SendResult(msg_id, cast(SendStatus, status), None) for msg_id, status
+                    in self._backend.message_insert(batch, on_duplicate, connection)]
+        rows = batch
         if not rows:
             return []
         unique, slots = dedupe_batch(rows, on_duplicate)

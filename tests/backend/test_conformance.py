@@ -99,14 +99,16 @@ def test_insert_plain_rows_keep_their_order(backend: Backend) -> None:
     assert backend.message_get(max(ids) + 1000) is None
 
 
-def test_insert_batch_keeps_every_field_and_its_order(backend: Backend) -> None:
+@pytest.mark.parametrize("with_bytes", [True, False])
+def test_insert_batch_keeps_every_field_and_its_order(backend: Backend, with_bytes: bool) -> None:
     """One batch mixing every kind of row: ids come back in order, and each row holds what
-    was sent (text with quotes and unicode, bytes, headers, priority, at and delay)."""
+    was sent (text with quotes and unicode, bytes, headers, priority, at and delay). Without
+    bytes, SQLite inserts the run in one statement over a JSON parameter."""
     now = backend.now()
     at = (now + timedelta(seconds=5)).replace(microsecond=123456)
-    batch = [msg({"s": "a'\"\\ ü🎉\n", "i": i}, kind="k" if i % 2 else None, priority=i,
+    batch = [msg({"s": "a'\"\\ ü🎉\n\\u0000\t", "i": i}, kind="k" if i % 2 else None, priority=i,
                  headers={"h": str(i)} if i % 3 else None) for i in range(1200)]
-    batch += [msg(data=b"\x00\xff\"'raw"), msg({"later": 1}, at=at),
+    batch += [msg(data=b"\x00\xff\"'raw") if with_bytes else msg([]), msg({"later": 1}, at=at),
               msg({"delayed": 1}, delay_s=7.5), msg({"k": 1}, key="kk")]
     got = backend.message_insert(batch, "error")
     ids = [i for i, _ in got]
@@ -122,6 +124,34 @@ def test_insert_batch_keeps_every_field_and_its_order(backend: Backend) -> None:
         assert row["headers"] == (json.loads(m.headers_json) if m.headers_json else {})
     assert rows[-3]["available_at"] == at  # type: ignore[index]
     assert rows[-2]["available_at"] == now + timedelta(seconds=7.5)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("template", [
+    msg(), msg(kind="k", priority=-3, headers={"h": "ü"}), msg(delay_s=7.5),
+    msg(at=datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC))])
+def test_insert_payload_batch_keeps_its_template_and_order(backend: Backend,
+                                                           template: NewMessage) -> None:
+    """send_many's bare payloads travel as a PayloadBatch: one template, the payloads in
+    order (SQLite sends only the payload texts, as one JSON array)."""
+    odd = ["a'\"\\ ü🎉\n", "\\u0000 \\N \t", "", "{\"nested\": [1, 2.5e-7, null]}"]
+    payloads: list[tuple[str | None, bytes | None]] = [
+        (json.dumps({"i": i, "s": odd[i % len(odd)]}), None) for i in range(700)]
+    now = backend.now()
+    got = backend.message_insert(PayloadBatch(template, payloads), "ignore")
+    ids = [i for i, _ in got]
+    assert [s for _, s in got] == ["sent"] * 700 and ids == sorted(ids) and len(set(ids)) == 700
+    for i, (text, _) in zip(ids, payloads, strict=True):
+        row = backend.message_get(i)
+        assert row is not None and row["payload"] == json.loads(text)  # type: ignore[arg-type]
+        assert (row["topic"], row["kind"], row["priority"], row["key"]) == (
+            template.topic, template.kind, template.priority, None)
+        assert row["headers"] == (json.loads(template.headers_json)
+                                  if template.headers_json else {})
+        due = template.at or now + timedelta(seconds=template.delay_s)
+        assert abs((row["available_at"] - due).total_seconds()) < (0.001 if template.at else 5)
+    # one bytes payload: the row-by-row insert, same result
+    mixed = backend.message_insert(PayloadBatch(template, [("1", None), (None, b"\x00b")]), "error")
+    assert [backend.message_get(i)["payload"] for i, _ in mixed] == [1, b"\x00b"]  # type: ignore[index]
 
 
 def test_insert_keyed_duplicate_policies(backend: Backend) -> None:

@@ -216,9 +216,11 @@ class Backend(ABC):
     # --- messages
     @abstractmethod
     def message_insert(
-        self, rows: Sequence[NewMessage], on_duplicate: str, conn: Any = None
+        self, rows: Sequence[NewMessage] | PayloadBatch, on_duplicate: str, conn: Any = None
     ) -> list[tuple[int, str]]:
-        """(id, status) per row, in order; raises DuplicateMessage for on_duplicate='error'."""
+        """(id, status) per row, in order; raises DuplicateMessage for on_duplicate='error'.
+        A PayloadBatch (send_many's bare payloads: one template, no key) lets a backend insert
+        without a row object per message."""
     @abstractmethod
     def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult: ...
     @abstractmethod

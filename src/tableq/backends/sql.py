@@ -281,10 +281,15 @@ class SqlBackend(Backend):
 
     # --- sending: the keyed / plain flush (dialects with one insert per key) ---------------
 
-    def message_insert(self, rows: Sequence[NewMessage], on_duplicate: str,
+    def message_insert(self, rows: Sequence[NewMessage] | PayloadBatch, on_duplicate: str,
                conn: Any = None) -> list[tuple[int, str]]:
         """Unkeyed rows are inserted in runs (nothing can conflict); a keyed row is inserted
         alone, with its duplicate policy. Order is kept."""
+        if isinstance(rows, PayloadBatch):
+            batch = rows
+            return self.run(lambda cur: [(i, "sent") for i in self._insert_batch(cur, batch)],
+                            conn, tx=len(batch) > 1)
+
         def run(cur: Cursor) -> list[tuple[int, str]]:
             out: list[tuple[int, str]] = []
             plain: list[NewMessage] = []
@@ -306,6 +311,11 @@ class SqlBackend(Backend):
 
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         raise NotImplementedError
+
+    def _insert_batch(self, cur: Cursor, batch: PayloadBatch) -> list[int]:
+        """Bare payloads under one template (no key): as plain rows unless a dialect has a
+        better way."""
+        return self._insert_plain(cur, batch.rows())
 
     def _insert_keyed(self, cur: Cursor, m: NewMessage, on_duplicate: str) -> tuple[int, str]:
         raise NotImplementedError

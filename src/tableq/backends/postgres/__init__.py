@@ -309,8 +309,9 @@ class PostgresBackend(SqlBackend):
 
     # --- sending --------------------------------------------------------------------------
 
-    def message_insert(self, rows: Sequence[NewMessage], on_duplicate: str,
+    def message_insert(self, rows: Sequence[NewMessage] | PayloadBatch, on_duplicate: str,
                conn: Any = None) -> list[tuple[int, str]]:
+        rows = as_rows(rows)
         if (len(rows) >= COPY_MIN_ROWS and not self.test_clock
                 and all(m.key is None and m.at is None and not m.delay_s for m in rows)):
             return self._copy_sent(rows, conn)

@@ -20,6 +20,7 @@ from tableq.backends.base import (
     ClaimSpec,
     GroupLease,
     NewMessage,
+    PayloadBatch,
     Row,
     chunks,
     gather,
@@ -236,6 +237,16 @@ class SQLiteBackend(SqlBackend):
                  for m in rows], ensure_ascii=False)})
         last = int(self._value(cur, self.Q.last_insert_id, None, "id"))
         return list(range(last - len(rows) + 1, last + 1))
+
+    def _insert_batch(self, cur: Cursor, batch: PayloadBatch) -> list[int]:
+        t = batch.template
+        if len(batch) == 1 or any(data is not None for _, data in batch.payloads):
+            return self._insert_plain(cur, batch.rows())
+        cur.execute(self.Q.message_insert_payloads, {
+            **self._message_params(t),
+            "payloads": json.dumps([text for text, _ in batch.payloads], ensure_ascii=False)})
+        last = int(self._value(cur, self.Q.last_insert_id, None, "id"))
+        return list(range(last - len(batch) + 1, last + 1))
 
     def _insert_keyed(self, cur: Cursor, m: NewMessage, on_duplicate: str) -> tuple[int, str]:
         params = self._message_params(m)
