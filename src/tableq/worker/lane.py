@@ -183,16 +183,19 @@ class Lane:
 
     # --- the buffer -------------------------------------------------------------------------
 
-    def put(self, fetched: Sequence[tuple[Message, bool]], leased_at: float) -> None:
-        """Buffers fetched messages, each with whether its attempt is charged already."""
+    def put(self, fetched: Sequence[tuple[Message, bool]], leased_at: float) -> bool:
+        """Buffers fetched messages, each with whether its attempt is charged already; True
+        if a waiting thread was woken for them."""
         now = time.monotonic()
         with self.cond:
+            woke = self.idle > 0
             self.buffer.extend(Job(m, now, charged, leased_at=leased_at)
                                for m, charged in fetched)
             self._ready += sum(1 for _, charged in fetched if charged)
             while self.idle < len(self.buffer) and self.threads < self.cmax:
                 self._spawn()
             self.cond.notify(len(fetched))
+        return woke
 
     def _spawn(self) -> None:
         self.threads += 1
