@@ -118,7 +118,12 @@ class Lane:
         self.running = 0
         self.threads = 0
         self.idle = 0
-        self.cond = threading.Condition()
+        # One lock, two conditions: `work` for the threads waiting for a message (put wakes
+        # one per message), `cond` for everything else (charges, stop, idleness). With one
+        # condition, every job's end woke every idle thread only for it to wait again.
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        self.work = threading.Condition(lock)
         self.stopping = False
 
     # --- sizing -----------------------------------------------------------------------------
@@ -194,7 +199,7 @@ class Lane:
             self._ready += sum(1 for _, charged in fetched if charged)
             while self.idle < len(self.buffer) and self.threads < self.cmax:
                 self._spawn()
-            self.cond.notify(len(fetched))
+            self.work.notify(len(fetched))
         return woke
 
     def _spawn(self) -> None:
@@ -238,6 +243,7 @@ class Lane:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+            self.work.notify_all()
             while any(j.charging for j in self.buffer) and time.monotonic() < deadline:
                 self.cond.wait(0.1)
             left = [j for j in self.buffer if not j.lost]
@@ -269,7 +275,7 @@ class Lane:
                         self.threads -= 1
                         self.idle -= 1
                         return
-                    self.cond.wait(max(left, 0.05) if self.threads > self.cmin else None)
+                    self.work.wait(max(left, 0.05) if self.threads > self.cmin else None)
                 if self.stopping:
                     self.threads -= 1
                     self.idle -= 1
