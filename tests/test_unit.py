@@ -471,3 +471,24 @@ def test_stats_sample_plan() -> None:
                    "oldest_ready_age": 3.5}
     assert topic_estimate({"ready": 1, "scheduled": 0, "in_flight": 0}, [])[
         "oldest_ready_age"] is None
+
+
+def test_with_owner_copies_every_field_and_sets_only_the_owner() -> None:
+    from dataclasses import fields
+    from datetime import UTC, datetime
+
+    from tableq.message import Message, with_owner
+
+    now = datetime.now(UTC)
+    values = dict(id=7, topic="t", key="k", kind="kd", payload={"a": [1]}, headers={"h": "v"},
+                  priority=3, attempts=2, created_at=now, available_at=now,
+                  first_available_at=now, lease="l", last_error="e", progress={"p": 1},
+                  received_at=now)
+    msg: Message = Message(**values, _queue=None)  # type: ignore[arg-type]
+    owner = object()
+    handed = with_owner(msg, owner)  # type: ignore[arg-type]
+    assert handed._queue is owner and msg._queue is None and handed is not msg
+    assert {f.name for f in fields(Message)} - {"_queue"} == set(values) | {"_transaction"}
+    for name in values:
+        assert getattr(handed, name) is getattr(msg, name)
+    assert handed == msg and handed._transaction is None

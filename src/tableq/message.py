@@ -5,7 +5,7 @@ received the message (a Queue, the HTTP client, a worker), through the Settler p
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol
 
@@ -140,6 +140,20 @@ class Message(Generic[P]):
         return self._owner().forward(self, topic, payload, key=key, kind=kind, headers=headers,
                                      priority=priority, delay=delay, at=at,
                                      on_duplicate=on_duplicate)
+
+
+
+_MESSAGE_FIELDS = tuple(f.name for f in fields(Message))
+
+
+def with_owner(msg: Message[P], owner: Settler) -> Message[P]:
+    """`msg` settling through `owner` (a worker's per-run tracker): dataclasses.replace
+    without its per-field checks, about 3x faster, and a worker makes one per message."""
+    new = object.__new__(type(msg))
+    for name in _MESSAGE_FIELDS:
+        object.__setattr__(new, name, getattr(msg, name))
+    object.__setattr__(new, "_queue", owner)
+    return new
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,6 @@ dead-lettered after exactly max_attempts runs."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import itertools
 import logging
@@ -40,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tableq.errors import TableqError
-from tableq.message import Message
+from tableq.message import Message, with_owner
 from tableq.queue import Queue
 from tableq.worker import events
 from tableq.worker.exactly_once import exactly_once_body
@@ -499,7 +498,7 @@ class Lane:
         if not announced:
             self._announce(msg)
         tracker = Tracker(self._queue)
-        handed = dataclasses.replace(msg, _queue=tracker)
+        handed = with_owner(msg, tracker)
         if spec.mode == "exactly_once":
             body = exactly_once_body(self._queue, self._executor, spec.fn,
                                      self._settling.unhold)
