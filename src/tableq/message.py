@@ -142,7 +142,6 @@ class Message(Generic[P]):
                                      on_duplicate=on_duplicate)
 
 
-
 _MESSAGE_FIELDS = tuple(f.name for f in fields(Message))
 
 
