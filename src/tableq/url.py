@@ -26,10 +26,10 @@ _USERINFO_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@]*)
                                 re.DOTALL)
 # The query parameters each database's URL takes. Anything else is refused: a misspelled
 # ?schema= would otherwise put the tables somewhere else without a word.
+LIBPQ_PARAMS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "target_session_attrs")
 URL_PARAMS: dict[str, tuple[str, ...]] = {
     "sqlite": ("prefix", "synchronous"),
-    "postgres": ("schema", "application_name", "connect_timeout", "sslmode", "sslrootcert",
-                 "sslcert", "sslkey", "target_session_attrs"),
+    "postgres": ("schema", "application_name", "connect_timeout", *LIBPQ_PARAMS),
     "mysql": ("prefix", "connect_timeout"),
 }
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd|pwd)=)[^&#]*", re.IGNORECASE)
@@ -67,6 +67,10 @@ class DatabaseURL:
         """?connect_timeout= in seconds (checked by parse_url), or None when not given."""
         value = self.params.get("connect_timeout")
         return None if value is None else int(value)
+
+    def connect_timeout(self, default_s: float) -> int:
+        """The driver's connect timeout in whole seconds: the URL's, else `default_s`."""
+        return self.connect_timeout_s or max(1, int(default_s))
 
     @property
     def namespace(self) -> str:

@@ -94,7 +94,7 @@ class MySQLBackend(SqlBackend):
             "host": url.host, "port": url.port or 3306, "user": url.user or "root",
             "password": url.password or "", "database": url.database, "charset": "utf8mb4",
             "autocommit": True, "cursorclass": DictCursor, "conv": CONVERSIONS,
-            "connect_timeout": url.connect_timeout_s or max(1, int(connect_timeout_s)),
+            "connect_timeout": url.connect_timeout(connect_timeout_s),
         }
         self.transaction_idle_s = max(1, int(transaction_idle_timeout_s))
         self.migration_lock_wait_s = MIGRATION_LOCK_WAIT_S

@@ -33,7 +33,7 @@ from tableq.backends.postgres.errors import map_errors
 from tableq.backends.postgres.vacuum import Swept, Vacuumer, log
 from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
-from tableq.url import DatabaseURL
+from tableq.url import LIBPQ_PARAMS, DatabaseURL
 
 T = TypeVar("T")
 LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of VACUUM (SKIP_LOCKED)'s warning when it skips
@@ -152,10 +152,10 @@ class PostgresBackend(SqlBackend):
         self.connect_kwargs: dict[str, Any] = {
             "host": url.host, "port": url.port or 5432, "dbname": url.database,
             "user": url.user, "password": url.password,
-            "connect_timeout": url.connect_timeout_s or max(1, int(connect_timeout_s)),
+            "connect_timeout": url.connect_timeout(connect_timeout_s),
             "application_name": url.params.get("application_name", application_name),
         }
-        for name in ("sslmode", "sslrootcert", "sslcert", "sslkey", "target_session_attrs"):
+        for name in LIBPQ_PARAMS:
             if name in url.params:  # libpq's own, passed through
                 self.connect_kwargs[name] = url.params[name]
         self.transaction_idle_ms = str(int(transaction_idle_timeout_s * 1000))

@@ -235,8 +235,7 @@ class SQLiteBackend(SqlBackend):
             cur.execute(self.Q.message_insert_many, {"rows": json.dumps(
                 [[m.topic, m.kind, m.json_text, m.headers_json, m.priority, at(m.at), m.delay_s]
                  for m in rows], ensure_ascii=False)})
-        last = int(self._value(cur, self.Q.last_insert_id, None, "id"))
-        return list(range(last - len(rows) + 1, last + 1))
+        return self._last_ids(cur, len(rows))
 
     def _insert_batch(self, cur: Cursor, batch: PayloadBatch) -> list[int]:
         t = batch.template
@@ -245,8 +244,12 @@ class SQLiteBackend(SqlBackend):
         cur.execute(self.Q.message_insert_payloads, {
             **self._message_params(t),
             "payloads": json.dumps([text for text, _ in batch.payloads], ensure_ascii=False)})
+        return self._last_ids(cur, len(batch))
+
+    def _last_ids(self, cur: Cursor, n: int) -> list[int]:
+        """The ids of the n rows just inserted in one go: consecutive under the write lock."""
         last = int(self._value(cur, self.Q.last_insert_id, None, "id"))
-        return list(range(last - len(batch) + 1, last + 1))
+        return list(range(last - n + 1, last + 1))
 
     def _insert_keyed(self, cur: Cursor, m: NewMessage, on_duplicate: str) -> tuple[int, str]:
         params = self._message_params(m)
