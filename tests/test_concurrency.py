@@ -85,6 +85,51 @@ def test_concurrent_senders_of_the_same_keys_make_one_live_message_each(db_url: 
         assert len(live) == 300 and len({m.key for m in live}) == 300
 
 
+
+def _send_singles(url: str, seed: int, out: mp.Queue) -> None:
+    with tableq.connect(url) as q:
+        out.put(("sent", [q.send("race", {"from": seed, "n": i}).id for i in range(400)]))
+
+
+def _drain_until(url: str, expected: int, total: Any, out: mp.Queue) -> None:
+    """Receives until the receivers together have seen `expected` messages (or 3 minutes)."""
+    seen: list[int] = []
+    deadline = time.monotonic() + 180
+    with tableq.connect(url) as q:
+        while total.value < expected and time.monotonic() < deadline:
+            msgs = q.receive("race", max=25, visibility_timeout=120)
+            seen.extend(m.id for m in msgs)
+            q.ack_many(msgs)
+            with total.get_lock():
+                total.value += len(msgs)
+    out.put(("seen", seen))
+
+
+@pytest.mark.slow
+def test_single_sends_racing_each_other_and_receivers_lose_nothing(db_url: str) -> None:
+    """A single unkeyed send is one statement with no transaction around it (SQLite skips
+    BEGIN IMMEDIATE): under writers and claimers at once, each commits once, with its own id."""
+    tableq.connect(db_url, migrate=True).close()
+    out: mp.Queue = CTX.Queue()
+    total = CTX.Value("i", 0)
+    procs = ([CTX.Process(target=_send_singles, args=(db_url, seed, out)) for seed in range(4)]
+             + [CTX.Process(target=_drain_until, args=(db_url, 1600, total, out))
+                for _ in range(2)])
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    sent = [i for role, ids in results if role == "sent" for i in ids]
+    assert len(sent) == len(set(sent)) == 1600
+    delivered = Counter(i for role, ids in results if role == "seen" for i in ids)
+    with tableq.connect(db_url) as q:
+        left = [m.id for m in q.receive("race", max=1600)]
+    delivered.update(left)
+    assert set(delivered) == set(sent) and max(delivered.values()) == 1
+
+
 MIGRATORS = 4
 
 

@@ -159,7 +159,8 @@ class SqlBackend(Backend):
             write: bool = True) -> T:
         """fn(cursor) in the caller's transaction (no BEGIN, no COMMIT, no retry), or in its
         own short one, retried on transient conflicts. tx: several statements that must
-        commit together; write=False: it only reads (no write lock where that matters)."""
+        commit together; write=False: it only reads, or it is one statement that commits on
+        its own (no write lock taken up front where that matters: SQLite's BEGIN IMMEDIATE)."""
         if conn is not None:
             with self.map_errors(), self._cursor(conn) as cur:
                 return fn(cur)
@@ -307,7 +308,9 @@ class SqlBackend(Backend):
                 out.append(self._insert_keyed(cur, m, on_duplicate))
             flush()
             return out
-        return self.run(run, conn, tx=len(rows) > 1)
+        # One unkeyed row is one INSERT, which commits on its own: no transaction around it.
+        alone = len(rows) == 1 and rows[0].key is None
+        return self.run(run, conn, tx=len(rows) > 1, write=not alone)
 
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         raise NotImplementedError
