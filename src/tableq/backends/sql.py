@@ -290,6 +290,10 @@ class SqlBackend(Backend):
             batch = rows
             return self.run(lambda cur: [(i, "sent") for i in self._insert_batch(cur, batch)],
                             conn, tx=len(batch) > 1)
+        if len(rows) == 1 and rows[0].key is None:
+            # One unkeyed row is one INSERT, which commits on its own: no transaction around it.
+            return self.run(lambda cur: [(self._insert_plain(cur, rows)[0], "sent")], conn,
+                            write=False)
 
         def run(cur: Cursor) -> list[tuple[int, str]]:
             out: list[tuple[int, str]] = []
@@ -308,9 +312,7 @@ class SqlBackend(Backend):
                 out.append(self._insert_keyed(cur, m, on_duplicate))
             flush()
             return out
-        # One unkeyed row is one INSERT, which commits on its own: no transaction around it.
-        alone = len(rows) == 1 and rows[0].key is None
-        return self.run(run, conn, tx=len(rows) > 1, write=not alone)
+        return self.run(run, conn, tx=len(rows) > 1)
 
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         raise NotImplementedError
