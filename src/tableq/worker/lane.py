@@ -48,7 +48,11 @@ from tableq.worker.health import Health, first_line, retry_delay
 from tableq.worker.settling import Settling, Tracker
 from tableq.worker.spec import HandlerSpec
 
-FETCH_MAX = 250  # most messages one receive asks for
+# Most messages one receive asks for. With fast handlers the fetch thread is the worker's
+# ceiling, and a bigger claim spends less of it per message: 250 -> 1,000 drained 8-15% more
+# on PostgreSQL and 16-30% more on MariaDB (no-op jobs, c=1 and 4, alternating runs); 2,000
+# added little more. prefetch_target() still bounds what is held to what starts soon.
+FETCH_MAX = 1000
 IDLE_THREAD_EXIT_S = 10.0  # an idle thread above the minimum exits after this long
 CHARGE_AHEAD_S = 0.02  # charge the messages the threads will start within this long
 START_MARGIN_S = 1.0  # a handler starts only on a lease known to last at least this long
