@@ -185,6 +185,8 @@ class Backend(ABC):
 
     dialect: str
     where: str  # the redacted URL, for messages
+    # Writers take turns (SQLite): a second claim in flight would only wait for the first.
+    single_writer: bool = False
 
     # --- lifecycle
     @abstractmethod

@@ -105,6 +105,7 @@ class Worker:
         self.health.on_recovery(self._recovered)
         for lane in self.lanes:
             lane.ensure_min()
+        self.fetcher.start()
         events.emit(events.STARTED, topics=",".join(topics) or "-",
                     wakeup=self._waker.mode,
                     burst=self.options.burst or None)
@@ -191,6 +192,9 @@ class Worker:
         if not finished:
             events.emit("grace_expired", logging.WARNING,
                         running=sum(lane.running for lane in self.lanes))
+        # A fetch-ahead still in flight finds its lane stopped and gives its messages back
+        # when it ends: wait for it, so those releases go out with the rest.
+        self.fetcher.close(max(1.0, deadline - time.monotonic()))
         # Commit the settlements of everything that finished; if the database is still
         # unreachable, wait out the grace period, then leave them to their leases.
         self.settling.close(max(1.0, deadline - time.monotonic()))

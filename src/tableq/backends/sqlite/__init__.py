@@ -103,6 +103,7 @@ class SQLiteListener:
 
 class SQLiteBackend(SqlBackend):
     dialect = "sqlite"
+    single_writer = True
     retry_attempts: ClassVar[int] = SQLITE_RETRIES
     refs_per_statement: ClassVar[int | None] = REFS_PER_STATEMENT
     connection_type: ClassVar[type] = sqlite3.Connection
