@@ -278,10 +278,13 @@ class MySQLBackend(SqlBackend):
         if spec.ids_only:
             return []
         rows = []
+        received_at, available_at = self._to_time(now), self._to_time(until)
         for r, f in zip(live, flags, strict=True):
+            # The lease's times replace the row's: not worth converting (2 of its 4 times).
+            r["received_at"] = r["available_at"] = None
             row = self._row(r)
-            row.update(lease=lease, attempts=r["attempts"] + f, received_at=self._to_time(now),
-                       available_at=self._to_time(until))
+            row.update(lease=lease, attempts=r["attempts"] + f, received_at=received_at,
+                       available_at=available_at)
             rows.append(row)
         return rows
 
