@@ -37,8 +37,14 @@ def _drain(url: str, topic: str, out: mp.Queue) -> None:
 
 
 def _run_all(target, args_list) -> list:  # type: ignore[no-untyped-def]
+    return _run_each([(target, args) for args in args_list])
+
+
+def _run_each(calls) -> list:  # type: ignore[no-untyped-def]
+    """Runs each (target, args) in a process of its own, which puts its result on the queue
+    passed last; returns the results in the order they came."""
     out: mp.Queue = CTX.Queue()
-    procs = [CTX.Process(target=target, args=(*args, out)) for args in args_list]
+    procs = [CTX.Process(target=target, args=(*args, out)) for target, args in calls]
     for p in procs:
         p.start()
     results = [out.get(timeout=240) for _ in procs]
@@ -110,17 +116,9 @@ def test_single_sends_racing_each_other_and_receivers_lose_nothing(db_url: str) 
     """A single unkeyed send is one statement with no transaction around it (SQLite skips
     BEGIN IMMEDIATE): under writers and claimers at once, each commits once, with its own id."""
     tableq.connect(db_url, migrate=True).close()
-    out: mp.Queue = CTX.Queue()
     total = CTX.Value("i", 0)
-    procs = ([CTX.Process(target=_send_singles, args=(db_url, seed, out)) for seed in range(4)]
-             + [CTX.Process(target=_drain_until, args=(db_url, 1600, total, out))
-                for _ in range(2)])
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=240) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = _run_each([(_send_singles, (db_url, seed)) for seed in range(4)]
+                        + [(_drain_until, (db_url, 1600, total)) for _ in range(2)])
     sent = [i for role, ids in results if role == "sent" for i in ids]
     assert len(sent) == len(set(sent)) == 1600
     delivered = Counter(i for role, ids in results if role == "seen" for i in ids)
