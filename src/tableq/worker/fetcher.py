@@ -25,6 +25,9 @@ from tableq.worker.settling import Settling
 # worth (lane.HOLD_MAX), PostgreSQL c=4 drained 27.9k no-op jobs/s against 22.6k with one
 # fetch thread (alternating runs); not on SQLite, whose claims take turns.
 AHEAD_POLL_S = 0.002  # how often the fetch-ahead thread looks for room while backlogged
+# A full fetch this big means a backlog worth a second thread (slow handlers fetch a few
+# messages at a time, and the fetch-ahead thread would only poll beside them).
+AHEAD_MIN = 64
 AHEAD_ERROR_WAIT_S = 1.0
 
 
@@ -97,9 +100,9 @@ class Fetcher:
         except BaseException:
             lane.unreserve(want)
             raise
-        full = len(got) >= want
-        lane.backlogged = full
-        if full and lane.spec.mode != "at_most_once":
+        backlog = len(got) >= want >= AHEAD_MIN
+        lane.backlogged = backlog
+        if backlog and lane.spec.mode != "at_most_once":
             self._kick.set()
         self._hand(lane, got, want)
         return len(got)
