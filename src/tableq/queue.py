@@ -179,7 +179,7 @@ class Queue:
         return self._backend.dialect
 
     @property
-    def claims_run_concurrently(self) -> bool:
+    def _claims_run_concurrently(self) -> bool:
         """Whether two receives can claim at the same time (not on SQLite, whose writers
         take turns): the worker fetches ahead only where they can."""
         return not self._backend.single_writer

@@ -48,7 +48,7 @@ class Fetcher:
 
     def start(self) -> None:
         # Not where claims take turns (SQLite's one writer): a second would only wait.
-        if getattr(self._queue, "claims_run_concurrently", True) and any(
+        if getattr(self._queue, "_claims_run_concurrently", True) and any(
                 lane.spec.mode != "at_most_once" for lane in self._lanes):
             self._ahead = threading.Thread(target=self._ahead_loop, name="tableq-fetch-ahead",
                                            daemon=True)
