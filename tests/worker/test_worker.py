@@ -488,7 +488,7 @@ def test_a_lane_reserves_room_for_each_fetch_in_flight(make_app):
     assert lane.claiming == 0 and not lane.busy()
 
 
-def _main_thread_claims_slowed(queue, delay_s=0.02, then=None):
+def _worker_loop_claims_slowed(queue, delay_s=0.02, then=None):
     """Makes the worker's own fetches slow (as a busy database would), so the fetch-ahead
     thread surely gets room to fetch; `then(got)` runs after each of its fetches."""
     real = queue._receive_deferred
@@ -516,7 +516,7 @@ def test_a_backlog_is_fetched_by_two_threads_and_handled_once_each(make_app, db_
             seen[message.payload["n"]] += 1
 
     app.queue.send_many("backlog", [{"n": i} for i in range(6000)])
-    _main_thread_claims_slowed(app.queue)
+    _worker_loop_claims_slowed(app.queue)
     worker = app.worker(burst=True)
     run_burst(worker, timeout=120)
     assert len(seen) == 6000 and max(seen.values()) == 1
@@ -540,7 +540,7 @@ def test_a_stop_mid_backlog_leaves_no_message_leased(make_app):
             handled.append(message.id)
 
     sent = {r.id for r in app.queue.send_many("stopped", [{"n": i} for i in range(20000)])}
-    _main_thread_claims_slowed(app.queue)
+    _worker_loop_claims_slowed(app.queue)
     with running(app.worker()):
         wait_until(lambda: len(handled) >= 2000, timeout=60)
     assert len(handled) == len(set(handled)) and len(handled) < len(sent)
@@ -572,7 +572,7 @@ def test_a_fetch_ahead_that_ends_after_the_stop_gives_its_messages_back(make_app
             wait_until(lambda: lane.stopping, timeout=30)
 
     app.queue.send_many("late", [{"n": i} for i in range(20000)])
-    _main_thread_claims_slowed(app.queue, then=answer_after_the_stop)
+    _worker_loop_claims_slowed(app.queue, then=answer_after_the_stop)
     with running(worker, timeout=40):
         wait_until(lambda: bool(late), timeout=30)
     s = app.queue.stats("late")[0]
