@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
 
 from tableq.backends.base import TransientError
 from tableq.errors import DatabaseError, DatabaseUnavailable, SchemaNotMigrated, StorageFull
@@ -17,27 +17,41 @@ READ_ONLY = ("this user may not write the database file or its directory (SQLite
 IO_ERROR = "check the disk and the filesystem holding the database file"
 
 
-@contextmanager
-def map_errors(where: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.OperationalError as exc:
+class map_errors:  # noqa: N801 - used as `with map_errors(where):`, like a function
+    """The boundary: sqlite3's exceptions raised in the with-block become tableq's. A class,
+    not a generator, as every statement passes through it."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is not None and issubclass(kind, sqlite3.DatabaseError):
+            raise _mapped(exc, self.where) from exc
+
+
+def _mapped(exc: Any, where: str) -> Exception:
+    if isinstance(exc, sqlite3.OperationalError):
         text = str(exc)
         code = getattr(exc, "sqlite_errorcode", None)
         if code is not None:
             code &= 0xFF  # an extended code (SQLITE_IOERR_SHORT_READ...) -> its primary code
         if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in text:
-            raise TransientError(text, where) from exc
+            return TransientError(text, where)
         if "no such table" in text or "no such column" in text:  # an older schema
-            raise SchemaNotMigrated(where) from exc
+            return SchemaNotMigrated(where)
         if code == sqlite3.SQLITE_FULL or "disk is full" in text:
-            raise StorageFull(where, text) from exc
+            return StorageFull(where, text)
         if code == sqlite3.SQLITE_CANTOPEN or "unable to open" in text:
-            raise DatabaseUnavailable(where, text, CANNOT_OPEN) from exc
+            return DatabaseUnavailable(where, text, CANNOT_OPEN)
         if code == sqlite3.SQLITE_READONLY or "readonly" in text:
-            raise DatabaseUnavailable(where, text, READ_ONLY) from exc
+            return DatabaseUnavailable(where, text, READ_ONLY)
         if code == sqlite3.SQLITE_IOERR or "disk I/O error" in text:
-            raise DatabaseUnavailable(where, text, IO_ERROR) from exc
-        raise DatabaseError(f"SQLite error at {where}: {text}") from exc
-    except sqlite3.DatabaseError as exc:
-        raise DatabaseError(f"SQLite error at {where}: {exc}") from exc
+            return DatabaseUnavailable(where, text, IO_ERROR)
+        return DatabaseError(f"SQLite error at {where}: {text}")
+    return DatabaseError(f"SQLite error at {where}: {exc}")
