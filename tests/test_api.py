@@ -813,3 +813,30 @@ def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Q
         with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
             Bulk(q).stage_many("job-jt2", 0, "jt", [1, tableq.JsonText(bad)])
     assert q.stats("jt")[0].live == 4  # the refused sends added nothing
+
+
+def test_sends_without_options_validate_like_any_send(q: tableq.Queue) -> None:
+    # A send with no options takes a per-topic template validated once; everything that is
+    # still checked per call must still be refused, and a cached topic must not excuse the rest.
+    from tableq.queue import PLAIN_TEMPLATES_MAX
+
+    assert q.send("plain", {"n": 1}).status == "sent"
+    for bad in ("", "bad\ntopic", 7, None):
+        with pytest.raises(tableq.InvalidName):
+            q.send(bad, {"n": 1})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="on_duplicate"):
+        q.send("plain", {"n": 2}, on_duplicate="overwrite")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="priority"):
+        q.send("plain", {"n": 3}, priority=False)
+    with pytest.raises(PayloadTooLarge):
+        q.send("plain", "x" * (q.max_payload_bytes + 1))
+    # More topics than the cache keeps: it starts over, and every send still lands.
+    topics = [f"t{i}" for i in range(PLAIN_TEMPLATES_MAX + 5)]
+    for topic in topics[-10:]:
+        q.send(topic, {"topic": topic})
+    for topic in topics:
+        q._plain_template(topic)
+    assert len(q._plain_templates) <= PLAIN_TEMPLATES_MAX
+    assert [m.payload for m in q.receive(topics[-1])] == [{"topic": topics[-1]}]
+    (first,) = q.receive("plain", max=10)
+    assert first.payload == {"n": 1} and first.priority == 0 and first.kind is None

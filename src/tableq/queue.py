@@ -47,6 +47,7 @@ ERROR_MAX_CHARS = 16_384  # error texts kept on a message (tracebacks are cut to
 # Checked here, so a bigger number is an InvalidArgument, not an OverflowError from a driver.
 ID_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
+PLAIN_TEMPLATES_MAX = 1024  # topics whose no-option send template a Queue keeps
 P = TypeVar("P")
 
 
@@ -171,6 +172,8 @@ class Queue:
         self.retention = bool(retention)
         self._kinds = KindRegistry(strict=strict_kinds)
         self._topic_max_attempts: dict[str, int] = {}
+        # Per topic, the validated template of a send with no options (the common case).
+        self._plain_templates: dict[str, NewMessage] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -276,6 +279,17 @@ class Queue:
             delay_s=seconds("delay", delay, 0.0), at=when,
         )
 
+    def _plain_template(self, topic: str) -> NewMessage:
+        """The template of a send with no options, validated once per topic."""
+        template = self._plain_templates.get(topic)
+        if template is None:
+            check_topic(topic)
+            template = self._template(topic, None, None, None, 0, None, None)
+            if len(self._plain_templates) >= PLAIN_TEMPLATES_MAX:
+                self._plain_templates.clear()  # many topics: start over rather than grow
+            self._plain_templates[topic] = template
+        return template
+
     def _with_payload(self, t: NewMessage, payload: Any) -> NewMessage:
         text, data = self._kinds.encode(t.kind, payload, self.max_payload_bytes)
         return NewMessage(t.topic, t.key, t.kind, text, data, t.headers_json, t.priority,
@@ -330,10 +344,16 @@ class Queue:
     ) -> SendResult:
         """Enqueues one message; durable when this returns, or, with connection=, when the
         caller's transaction on that connection commits (the outbox)."""
-        check_topic(topic)
-        self._check_send(on_duplicate, connection)
-        row = self._new(topic, payload, key=key, kind=kind, headers=headers,
-                        priority=priority, delay=delay, at=at)
+        if (key is None and kind is None and headers is None and delay is None and at is None
+                and connection is None and type(priority) is int and priority == 0
+                and type(topic) is str and on_duplicate in ON_DUPLICATE
+                and self._kinds.kind_of(payload) is None):
+            row = self._with_payload(self._plain_template(topic), payload)
+        else:
+            check_topic(topic)
+            self._check_send(on_duplicate, connection)
+            row = self._new(topic, payload, key=key, kind=kind, headers=headers,
+                            priority=priority, delay=delay, at=at)
         ((msg_id, status),) = self._backend.message_insert([row], on_duplicate, connection)
         return SendResult(msg_id, cast(SendStatus, status), row.key)
 
