@@ -62,6 +62,8 @@ DIALECT_ONLY = {
         "message_copy_sent", "message_ids_take",
         "load_part_open", "load_part_publish", "load_part_rows", "load_part_drop",
         "load_notify", "listen",
+        # a listener says it waits for topics, so that sends notify only then
+        "wake_register", "wake_settled", "wake_unregister",
         # a schema per namespace
         "schema_create",
         "doctor_dead_rows", "doctor_prepared_transactions", "doctor_replication_slots",

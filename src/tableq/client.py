@@ -12,7 +12,7 @@ import http.client
 import json
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -410,7 +410,7 @@ class Client:
     def max_attempts_for(self, topic: str, override: int | None = None) -> int:
         return override if override is not None else self.max_attempts
 
-    def listener(self) -> None:
+    def listener(self, topics: Collection[str] | None = None) -> None:
         """No push channel over HTTP: workers poll (with backoff)."""
         return None
 

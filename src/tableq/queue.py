@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar, cast, get_args
@@ -58,6 +58,8 @@ class Listener(Protocol):
     def wait(self, timeout_s: float) -> list[str]: ...
 
     def wait_counts(self, timeout_s: float) -> dict[str, int]: ...
+
+    def pause(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -210,14 +212,19 @@ class Queue:
     def __repr__(self) -> str:
         return f"<tableq.Queue {self.where}>"
 
-    def listener(self) -> Listener | None:
-        """A wake-up hint: `.wait(timeout_s)` blocks until something may have become due and
-        returns topics (`.wait_counts()` also gives how many); `.close()`. On PostgreSQL it
-        LISTENs for the NOTIFY of sends and names their topics; on SQLite it watches the
-        file's commit counter (PRAGMA data_version) and answers `tableq.names.ANY_TOPIC`
-        (""); None on MySQL/MariaDB. A hint only: keep polling (delayed messages coming due
-        and expired leases send nothing)."""
-        listener: Listener | None = self._backend.listener()
+    def listener(self, topics: Collection[str] | None = None) -> Listener | None:
+        """A wake-up hint for these topics (None: every topic): `.wait(timeout_s)` blocks
+        until something may have become due and returns topics (`.wait_counts()` also gives
+        how many); `.pause()` while busy; `.close()`. Look for work after making it, and
+        again whenever a wait answers `tableq.names.ANY_TOPIC` ("").
+
+        On PostgreSQL it LISTENs for the NOTIFY of sends and names their topics. Sends notify
+        only while some listener waits for their topic (a wait registers it, pause() or
+        close() ends that), so busy workers cost senders nothing. On SQLite it watches the
+        file's commit counter (PRAGMA data_version) and answers ANY_TOPIC. None on
+        MySQL/MariaDB. A hint only: keep polling (delayed messages coming due and expired
+        leases send nothing)."""
+        listener: Listener | None = self._backend.listener(topics)
         return listener
 
     def now(self) -> datetime:

@@ -450,10 +450,11 @@ def test_lost_listen_connection_falls_back_to_polling_then_reconnects(make_app, 
     with caplog.at_level("INFO", logger="tableq.worker"), running(worker):
         wait_until(worker.waiting.is_set, timeout=5)
         with psycopg.connect(db_url.split("?")[0], autocommit=True) as admin:
+            # The waiting listener holds its topic's wait lock (0004_quiet_sends.sql).
             killed = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE query LIKE %s AND pid <> pg_backend_pid()",
-                (f'LISTEN "{schema}%',)).fetchone()[0]
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = "
+                "'advisory' AND classid = hashtext(%s || '_wake_wait')::oid AND objsubid = 2 "
+                "AND pid <> pg_backend_pid()", (schema,)).fetchone()[0]
         assert killed == 1
         app.queue.send("w2", 1)
         wait_until(lambda: picked == [1], timeout=5)  # polling still delivers

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -202,9 +202,10 @@ class Backend(ABC):
         """Raises InvalidArgument unless conn is this driver's connection to this database."""
     @abstractmethod
     def now(self) -> datetime: ...
-    def listener(self) -> Any:
-        """A wake-up listener (wait(timeout_s) -> topics with new due messages), or None when
-        the database cannot notify; workers then rely on polling alone."""
+    def listener(self, topics: Collection[str] | None = None) -> Any:
+        """A wake-up listener for these topics (None: all) (wait(timeout_s) -> topics with new
+        due messages; pause() while busy), or None when the database cannot notify; workers
+        then rely on polling alone."""
         return None
 
     # --- the test clock (connect(test_clock=True); tests only)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tableq.errors import TableqError
+from tableq.names import ANY_TOPIC
 
 log = logging.getLogger("tableq.server")
 POLL_FIRST_S = 0.02
@@ -33,6 +34,7 @@ class Waiter:
     def __init__(self, make_listener: Callable[[], Any] | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._arrived = threading.Event()  # a long poll began to wait
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.listening = False
@@ -42,7 +44,10 @@ class Waiter:
             self._thread.start()
 
     def wake(self, topics: Any) -> None:
-        """Ends the waits of these topics' long polls (call in the event loop)."""
+        """Ends the waits of these topics' long polls (ANY_TOPIC: all of them; call in the
+        event loop)."""
+        if ANY_TOPIC in topics:
+            topics = list(self._waiting)
         for topic in topics:
             for event in self._waiting.get(topic, ()):
                 event.set()
@@ -51,6 +56,7 @@ class Waiter:
         """Sleeps up to timeout_s; True when woken for `topic` before that."""
         event = asyncio.Event()
         self._waiting.setdefault(topic, set()).add(event)
+        self._arrived.set()
         try:
             await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
             return True
@@ -78,6 +84,12 @@ class Waiter:
                     continue
                 self.listening = True
             try:
+                if not self._waiting:
+                    # No long poll waits: sends need not notify (PostgreSQL) until one does.
+                    listener.pause()
+                    self._arrived.wait(LISTEN_SLICE_S)
+                    self._arrived.clear()
+                    continue
                 topics = listener.wait(LISTEN_SLICE_S)
             except Exception as exc:  # noqa: BLE001 - a hint source may fail in any way
                 log.warning("tableq.server.listener_lost error=%s retry_in_s=%s",

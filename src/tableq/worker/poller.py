@@ -78,7 +78,7 @@ class Waker:
         self._health = health
         self._outages_seen = self._outages()
         if use_listener:
-            self._listener = _open_listener(queue)
+            self._listener = _open_listener(queue, self._topics)
 
     def _outages(self) -> int:
         return getattr(self._health, "outages", 0) + getattr(self._health, "blips", 0)
@@ -95,17 +95,29 @@ class Waker:
     def wake(self) -> None:
         self._event.set()
 
+    def busy(self) -> None:
+        """The worker found work: while it drains, sends need not notify (PostgreSQL). The
+        next wait() says it waits again, and answers at once so that the worker looks."""
+        if self._listener is not None:
+            try:
+                self._listener.pause()
+            except Exception as exc:  # noqa: BLE001 - a hint source may fail in any way
+                self._lost(exc)
+
     def wait(self, timeout_s: float) -> set[str]:
         """Sleeps up to timeout_s; returns our topics that were notified (maybe empty)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         hits: set[str] = set()
         if self._retry_at is not None and time.monotonic() >= self._retry_at:
             self._retry_at = None
-            self._listener = _open_listener(self._queue)
+            self._listener = _open_listener(self._queue, self._topics)
             if self._listener is None:
                 self._retry_at = time.monotonic() + LISTEN_RETRY_S
             else:
                 events.emit("listener_restored")
+                # What was sent while it was gone notified nobody: look once.
+                self._event.clear()
+                return set(self._topics)
         while True:
             left = deadline - time.monotonic()
             if self._event.is_set() or left <= 0:
@@ -116,19 +128,23 @@ class Waker:
             try:
                 got = self._listener.wait(min(left, LISTEN_SLICE_S))
             except Exception as exc:  # noqa: BLE001 - a hint source may fail in any way
-                # A dead LISTEN connection must not stop the worker: fall back to polling.
-                seen, self._outages_seen = self._outages_seen, self._outages()
-                explained = seen != self._outages_seen or not getattr(self._health, "up", True)
-                events.emit("listener_lost", 20 if explained else 30,
-                            error=str(exc).splitlines()[0], retry_in_s=LISTEN_RETRY_S)
-                self._close_listener()
-                self._retry_at = time.monotonic() + LISTEN_RETRY_S
+                self._lost(exc)
                 continue
             hits = set(self._topics) if ANY_TOPIC in got else {t for t in got if t in self._topics}
             if hits:
                 break
         self._event.clear()
         return hits
+
+    def _lost(self, exc: Exception) -> None:
+        """A dead LISTEN connection must not stop the worker: fall back to polling."""
+        seen, self._outages_seen = self._outages_seen, self._outages()
+        explained = seen != self._outages_seen or not getattr(self._health, "up", True)
+        events.emit("listener_lost", 20 if explained else 30,
+                    error=(str(exc).splitlines() or [type(exc).__name__])[0],
+                    retry_in_s=LISTEN_RETRY_S)
+        self._close_listener()
+        self._retry_at = time.monotonic() + LISTEN_RETRY_S
 
     def _close_listener(self) -> None:
         if self._listener is not None:
@@ -142,12 +158,12 @@ class Waker:
         self._close_listener()
 
 
-def _open_listener(queue: Any) -> Any:
+def _open_listener(queue: Any, topics: Collection[str]) -> Any:
     make = getattr(queue, "listener", None)
     if make is None:
         return None
     try:
-        return make()
+        return make(sorted(topics))
     except TableqError as exc:
         events.emit("listener_unavailable", 30, error=str(exc).splitlines()[0])
         return None

@@ -126,6 +126,7 @@ class Worker:
         assert self._waker is not None
         delay = 0.0
         probes = 0
+        idle = True  # a new listener waits from the start
         while not self._stop.is_set():
             if not self.health.up:
                 # An outage: nothing is fetched until the database answers. The next fetch is
@@ -158,6 +159,9 @@ class Worker:
                 self._stop.wait(ERROR_BACKOFF_S)
                 continue
             if found:
+                if idle:  # the listener says the worker waits: not while it drains
+                    self._waker.busy()
+                    idle = False
                 delay = 0.0
                 continue
             if not self.health.up:
@@ -172,6 +176,7 @@ class Worker:
             events.emit(events.IDLE, logging.DEBUG, wait_s=round(delay, 3))
             self.waiting.set()
             try:
+                idle = True
                 hits = self._waker.wait(min(delay, self.scheduler.seconds_until_check()))
             finally:
                 self.waiting.clear()

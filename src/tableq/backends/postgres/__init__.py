@@ -6,7 +6,7 @@ claims; LISTEN/NOTIFY wake-up hints."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -33,6 +33,7 @@ from tableq.backends.postgres.errors import map_errors
 from tableq.backends.postgres.vacuum import Swept, Vacuumer, log
 from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
+from tableq.names import ANY_TOPIC
 from tableq.url import LIBPQ_PARAMS, DatabaseURL
 
 T = TypeVar("T")
@@ -44,6 +45,11 @@ CLOCK = ("statement_timestamp()", "(SELECT clock FROM {schema}.test_clock)")
 # more). At 1,000 rows COPY was 1.2x the unnest insert (A/B, three runs); at 100-300 the
 # runs disagreed (0.66x-1.35x on a loaded machine), so smaller batches keep the insert.
 COPY_MIN_ROWS = 500
+# A listener that registered while a send that could not see it was in flight looks again
+# after this long, then twice as long each time, up to SETTLE_MAX_S (a long outbox transaction
+# is picked up within about that long of its commit).
+SETTLE_FIRST_S = 0.005
+SETTLE_MAX_S = 0.08
 
 
 def _scalars(m: NewMessage) -> dict[str, Any]:
@@ -68,28 +74,78 @@ def _arrays(rows: Sequence[NewMessage]) -> dict[str, list[Any]]:
 
 class PostgresListener:
     """Wake-up hints from LISTEN/NOTIFY on a dedicated connection. A hint, not a transport:
-    notifications are lost while disconnected, so workers keep polling as well."""
+    notifications are lost while disconnected, so workers keep polling as well.
+
+    Sends notify only while a listener waits for their topic (0004_quiet_sends.sql): this one
+    registers for `topics` (None: all) when made and whenever wait() follows pause(). A wait
+    right after a registration answers ANY_TOPIC at once, so the caller looks for work again:
+    sends that committed just before the registration could not see it."""
 
     wakeup = "notify"
 
-    def __init__(self, backend: PostgresBackend) -> None:
-        self._where = backend.where
+    def __init__(self, backend: PostgresBackend, topics: Collection[str] | None = None) -> None:
+        self._where, self._q = backend.where, backend.Q
+        self._keys = {"schema": backend.schema,
+                      "topics": sorted(set(topics)) if topics else [ANY_TOPIC]}
+        self._registered = False
+        self._settled = True  # no registration of ours has a send to wait for
+        self._look_again = False
+        self._settle_wait_s = SETTLE_FIRST_S
         with map_errors(self._where):
             self._conn = psycopg.connect(**backend.connect_kwargs, autocommit=True)
-            self._conn.execute(backend.Q.listen)
+            try:
+                self._conn.execute(backend.Q.listen)
+                self._register()
+            except BaseException:
+                self._conn.close()
+                raise
+        self._look_again = False  # the caller has not looked yet: its first look is after this
+
+    def _register(self) -> None:
+        self._conn.execute(self._q.wake_register, self._keys)
+        self._registered, self._settled, self._look_again = True, self._try_settle(), True
+        self._settle_wait_s = SETTLE_FIRST_S
+
+    def _try_settle(self) -> bool:
+        row = self._conn.execute(self._q.wake_settled, self._keys).fetchone()
+        return bool(row and row[0])
+
+    def pause(self) -> None:
+        """Stops waiting (the caller is busy): sends stop notifying until the next wait()."""
+        if self._registered:
+            with map_errors(self._where):
+                self._conn.execute(self._q.wake_unregister)
+            self._registered = False
 
     def wait_counts(self, timeout_s: float) -> dict[str, int]:
         """Blocks up to timeout_s for the first notification, then takes whatever else has
-        arrived; returns {topic: number of new due messages}."""
+        arrived; returns {topic: number of new due messages}. {ANY_TOPIC: 0}: look for work
+        again (a registration just began, or a send it must not miss may have committed)."""
         found: dict[str, int] = {}
         with map_errors(self._where):
-            for limit, stop in ((timeout_s, 1), (0.0, None)):
-                for note in self._conn.notifies(timeout=limit, stop_after=stop):
-                    data = json.loads(note.payload)
-                    found[data["topic"]] = found.get(data["topic"], 0) + int(data["n"])
-                if not found:
-                    break
+            if not self._registered:
+                self._register()
+            if not self._settled:
+                # A send that looked before our registration is still in flight: check back
+                # soon (backing off), looking for work each time.
+                self._take(found, min(timeout_s, self._settle_wait_s), 1)
+                self._settle_wait_s = min(SETTLE_MAX_S, self._settle_wait_s * 2)
+                self._settled = self._try_settle()
+                self._look_again = True
+            if self._look_again:
+                self._look_again = False
+                found.setdefault(ANY_TOPIC, 0)
+                self._take(found, 0.0, None)
+                return found
+            self._take(found, timeout_s, 1)
+            if found:
+                self._take(found, 0.0, None)
         return found
+
+    def _take(self, found: dict[str, int], timeout_s: float, stop: int | None) -> None:
+        for note in self._conn.notifies(timeout=timeout_s, stop_after=stop):
+            data = json.loads(note.payload)
+            found[data["topic"]] = found.get(data["topic"], 0) + int(data["n"])
 
     def wait(self, timeout_s: float) -> list[str]:
         return sorted(self.wait_counts(timeout_s))
@@ -288,10 +344,8 @@ class PostgresBackend(SqlBackend):
                         "propagate out of the block (or use a savepoint) and retry")
                 tx.__exit__(None, None, None)
 
-    def listener(self) -> PostgresListener:
-        return PostgresListener(self)
-
-    # --- migrations -----------------------------------------------------------------------
+    def listener(self, topics: Collection[str] | None = None) -> PostgresListener:
+        return PostgresListener(self, topics)
 
     # --- migrations -----------------------------------------------------------------------
 

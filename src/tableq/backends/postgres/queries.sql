@@ -83,6 +83,23 @@ WHERE c.oid = '{schema}.message'::regclass;
 -- LISTEN takes no parameters: the schema's wake-up channel is named once, at load.
 LISTEN {channel};
 
+-- name: wake_register :many
+-- This LISTEN session waits for these topics ('' = all): sends see its shared wait locks and
+-- notify (0004_quiet_sends.sql). Session locks: they end with the session.
+SELECT pg_advisory_lock_shared(hashtext(%(schema)s || '_wake_wait'), hashtext(t))
+FROM unnest(%(topics)s::text[]) t;
+
+-- name: wake_settled :one
+-- After wake_register: true once no send that looked before it is still in flight (each one
+-- holds its topic's send lock, shared, until it ends). Tried, never waited for.
+SELECT bool_and(pg_try_advisory_xact_lock(hashtext(%(schema)s || '_wake_send'), hashtext(t)))
+       AS settled
+FROM unnest(%(topics)s::text[]) t;
+
+-- name: wake_unregister :one
+-- The session holds no other advisory locks.
+SELECT pg_advisory_unlock_all();
+
 -- name: message_insert :many
 -- One round trip per batch: arrays in, rows out. Ids follow the array order.
 INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,

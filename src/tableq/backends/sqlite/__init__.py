@@ -9,7 +9,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
@@ -97,6 +97,9 @@ class SQLiteListener:
     def wait(self, timeout_s: float) -> list[str]:
         return sorted(self.wait_counts(timeout_s))
 
+    def pause(self) -> None:
+        """Nothing to stop: a commit counter costs the writers nothing."""
+
     def close(self) -> None:
         self._conn.close()
 
@@ -126,7 +129,7 @@ class SQLiteBackend(SqlBackend):
         self._migrations = load_migrations(__package__, "{p}", url.namespace)
         self.pool = Pool(self._connect, lambda c: c.close())
 
-    def listener(self) -> SQLiteListener:
+    def listener(self, topics: Collection[str] | None = None) -> SQLiteListener:
         return SQLiteListener(self)
 
     # --- connections and transactions -----------------------------------------------------
