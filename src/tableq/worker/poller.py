@@ -74,6 +74,7 @@ class Waker:
         self._queue = queue
         self._use_listener = use_listener
         self._retry_at: float | None = None
+        self._found = 0  # fetches that found work since the last wait
         # The worker's Health: a listener lost to an outage it already logged is no news.
         self._health = health
         self._outages_seen = self._outages()
@@ -95,9 +96,16 @@ class Waker:
     def wake(self) -> None:
         self._event.set()
 
+    def found(self) -> None:
+        """A fetch found work. From the second since the last wait the worker is draining,
+        not making a lone pickup (which would pay the listener two round trips for nothing)."""
+        self._found += 1
+        if self._found == 2:
+            self.busy()
+
     def busy(self) -> None:
-        """The worker found work: while it drains, sends need not notify (PostgreSQL). The
-        next wait() says it waits again, and answers at once so that the worker looks."""
+        """The worker is busy: while it is, sends need not notify (PostgreSQL). The next
+        wait() says it waits again, and answers at once so that the worker looks."""
         if self._listener is not None:
             try:
                 self._listener.pause()
@@ -108,6 +116,7 @@ class Waker:
         """Sleeps up to timeout_s; returns our topics that were notified (maybe empty)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         hits: set[str] = set()
+        self._found = 0
         if self._retry_at is not None and time.monotonic() >= self._retry_at:
             self._retry_at = None
             self._listener = _open_listener(self._queue, self._topics)

@@ -126,7 +126,6 @@ class Worker:
         assert self._waker is not None
         delay = 0.0
         probes = 0
-        idle = True  # a new listener waits from the start
         while not self._stop.is_set():
             if not self.health.up:
                 # An outage: nothing is fetched until the database answers. The next fetch is
@@ -159,9 +158,7 @@ class Worker:
                 self._stop.wait(ERROR_BACKOFF_S)
                 continue
             if found:
-                if idle:  # the listener says the worker waits: not while it drains
-                    self._waker.busy()
-                    idle = False
+                self._waker.found()
                 delay = 0.0
                 continue
             if not self.health.up:
@@ -170,13 +167,13 @@ class Worker:
                 # Every thread is busy: wait for one to finish, not for the database.
                 self._slot_event.clear()
                 if not any(lane.want() > 0 for lane in self.lanes):
-                    self._slot_event.wait(min(0.5, self.scheduler.seconds_until_check()))
+                    if not self._slot_event.wait(min(0.5, self.scheduler.seconds_until_check())):
+                        self._waker.busy()  # long jobs hold every thread: no need to be woken
                 continue
             delay = self.options.poll.next_delay(delay, False, self._waker.listening)
             events.emit(events.IDLE, logging.DEBUG, wait_s=round(delay, 3))
             self.waiting.set()
             try:
-                idle = True
                 hits = self._waker.wait(min(delay, self.scheduler.seconds_until_check()))
             finally:
                 self.waiting.clear()
