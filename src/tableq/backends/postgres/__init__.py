@@ -95,15 +95,15 @@ class PostgresListener:
             self._conn = psycopg.connect(**backend.connect_kwargs, autocommit=True)
             try:
                 self._conn.execute(backend.Q.listen)
-                self._register()
+                self._register(look_again=False)  # the caller's first look comes after this
             except BaseException:
                 self._conn.close()
                 raise
-        self._look_again = False  # the caller has not looked yet: its first look is after this
 
-    def _register(self) -> None:
+    def _register(self, *, look_again: bool = True) -> None:
         self._conn.execute(self._q.wake_register, self._keys)
-        self._registered, self._settled, self._look_again = True, self._try_settle(), True
+        self._registered, self._settled = True, self._try_settle()
+        self._look_again = look_again
         self._settle_wait_s = SETTLE_FIRST_S
 
     def _try_settle(self) -> bool:
