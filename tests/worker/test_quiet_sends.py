@@ -5,9 +5,10 @@ sender's transaction or timing. Observed from a plain LISTEN connection on the c
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -21,15 +22,13 @@ pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
 
 @pytest.fixture
-def heard(q: tableq.Queue, db_url: str) -> Iterator[object]:
+def heard(q: tableq.Queue, db_url: str) -> Iterator[Callable[..., list[str]]]:
     """heard(): the topics NOTIFYed on the queue's channel since the last call."""
     schema = db_url.split("schema=")[1]
     with psycopg.connect(db_url.split("?")[0], autocommit=True) as conn:
         conn.execute(f'LISTEN "{schema}_wake"')
 
         def take(timeout: float = 0.3) -> list[str]:
-            import json
-
             return [json.loads(n.payload)["topic"]
                     for n in conn.notifies(timeout=timeout, stop_after=50)]
         yield take
@@ -118,14 +117,16 @@ def test_a_busy_worker_lets_sends_skip_notify_and_an_idle_one_hears_them(make_ap
     worker = app.worker()
     with running(worker):
         assert started.wait(5)
-        time.sleep(1)  # every thread busy for a while: its listener stops waiting
+        listener = worker._waker._listener
+        # every thread busy for a while: its listener stops waiting
+        wait_until(lambda: not listener._registered, timeout=5)
         heard(0.1)
         app.queue.send("job", "while busy")
         assert heard() == []
         release.set()
         wait_until(lambda: seen == ["first", "while busy"], timeout=5)
-        wait_until(worker.waiting.is_set, timeout=5)
-        time.sleep(0.2)  # registered and settled
+        wait_until(lambda: worker.waiting.is_set() and listener._registered
+                   and listener._settled, timeout=5)
         heard(0.1)
         app.queue.send("job", "while idle")
         assert heard() == ["job"]
