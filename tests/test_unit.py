@@ -76,6 +76,8 @@ DIALECT_ONLY = {
         # no RETURNING: read back what a statement changed, under a row lock
         "message_held", "message_charged", "message_due_at", "message_lease_until",
         "message_lock_leased", "lease_lock", "dead_requeue_ids",
+        # a batch ack in one DELETE, rolled back unless every lease was still held
+        "message_ack_held",
         # session settings and the named-lock migration guard
         "session_isolation", "migration_unlock", "doctor_history_length",
     },

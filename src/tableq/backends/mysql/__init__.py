@@ -6,6 +6,7 @@ MySQL 8."""
 from __future__ import annotations
 
 import json
+import operator
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -14,7 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pymysql
 from pymysql.constants import FIELD_TYPE
-from pymysql.converters import conversions, convert_datetime
+from pymysql.converters import conversions, convert_datetime, escape_string
 from pymysql.cursors import DictCursor
 
 from tableq.backends._pool import Pool
@@ -54,8 +55,44 @@ def _datetime(value: str | bytes) -> datetime | str:
         return parsed
 
 
-# PyMySQL's conversions (decoders by field type, encoders by Python type), DATETIME faster.
-CONVERSIONS = {**conversions, FIELD_TYPE.DATETIME: _datetime, FIELD_TYPE.TIMESTAMP: _datetime}
+class _Ids(tuple[int, ...]):
+    """Ids for an `IN %(ids)s` parameter, encoded in one pass (PyMySQL escapes a plain tuple
+    item by item through its generic dispatch, and warns on every call that doing so is
+    deprecated: about 3 ms for a claim's 1,000 ids)."""
+
+
+class _Tuples(tuple[tuple[Any, ...], ...]):
+    """(id, lease) pairs or (id, lease, attempts) triples for an `IN %(refs)s` parameter:
+    each distinct lease is escaped once (a batch's refs mostly share one)."""
+
+
+def _int_text(value: Any) -> str:
+    return str(operator.index(value))  # an int, or TypeError: never SQL text
+
+
+def _encode_ids(ids: _Ids, mapping: Any = None) -> str:
+    return "(" + ",".join(map(_int_text, ids)) + ")"
+
+
+def _encode_tuples(rows: _Tuples, mapping: Any = None) -> str:
+    quoted: dict[str, str] = {}
+
+    def literal(value: Any) -> str:
+        if value is None:
+            return "NULL"
+        if isinstance(value, str):
+            text = quoted.get(value)
+            if text is None:
+                text = quoted[value] = "'" + escape_string(value) + "'"
+            return text
+        return _int_text(value)
+    return "(" + ",".join("(" + ",".join(map(literal, row)) + ")" for row in rows) + ")"
+
+
+# PyMySQL's conversions (decoders by field type, encoders by Python type), DATETIME faster,
+# id lists and ref lists in one pass.
+CONVERSIONS = {**conversions, FIELD_TYPE.DATETIME: _datetime, FIELD_TYPE.TIMESTAMP: _datetime,
+               _Ids: _encode_ids, _Tuples: _encode_tuples}
 
 
 def _naive(at: datetime | None) -> datetime | None:
@@ -75,6 +112,10 @@ def _rows_json(rows: Sequence[NewMessage]) -> str:
                 m.headers_json, m.priority, None if at is None else at.isoformat(" "),
                 _us(m.delay_s)]
     return json.dumps([row(m) for m in rows], ensure_ascii=False)
+
+
+class _NotAllHeld(Exception):
+    """A batch ack found a lease no longer held: its one-statement form rolls back."""
 
 
 class MySQLBackend(SqlBackend):
@@ -191,16 +232,16 @@ class MySQLBackend(SqlBackend):
     def _ids(self, ids: Sequence[int]) -> Any:
         # Ids and part numbers are never negative, so -1 stands in for an empty list
         # (IN () is not SQL).
-        return tuple(ids) or (-1,)
+        return _Ids(ids or (-1,))
 
     def _some_ids(self, ids: Sequence[int] | None) -> Params:
         return {"all": ids is None, "ids": self._ids(ids or ())}
 
     def _refs(self, refs: Sequence[tuple[int, str]]) -> Params:
-        return {"refs": tuple(refs)}
+        return {"refs": _Tuples(refs)}
 
     def _charges(self, charges: Sequence[tuple[int, str, int]]) -> Params:
-        return {"charges": tuple(charges), "ids": self._ids([i for i, _, _ in charges]),
+        return {"charges": _Tuples(charges), "ids": self._ids([i for i, _, _ in charges]),
                 **self._refs([(i, lease) for i, lease, _ in charges])}
 
     # --- migrations -----------------------------------------------------------------------
@@ -299,6 +340,12 @@ class MySQLBackend(SqlBackend):
             n = self._change(self.Q.message_ack_one, {"id": msg_id, "lease": lease}, conn)
             return {msg_id} if n else set()
 
+        if not retain and conn is None and len(refs) <= BATCH_ROWS:
+            try:
+                return self.run(lambda cur: self._ack_all_held(cur, refs), tx=True)
+            except _NotAllHeld:  # rolled back: find out which are still held
+                pass
+
         def run(cur: Cursor) -> set[int]:
             held: set[int] = set()
             for part in chunks(refs, BATCH_ROWS):
@@ -310,6 +357,15 @@ class MySQLBackend(SqlBackend):
                     held.update(ids)
             return held
         return self.run(run, conn, tx=True)
+
+    def _ack_all_held(self, cur: Cursor, refs: Sequence[tuple[int, str]]) -> set[int]:
+        """The usual batch ack, every lease still held: one DELETE, no read of which are.
+        Raises _NotAllHeld (its transaction then rolls back) when some are not."""
+        ids = [i for i, _ in refs]
+        if self._exec(cur, self.Q.message_ack_held, {"ids": self._ids(ids),
+                                                     **self._refs(refs)}) != len(refs):
+            raise _NotAllHeld
+        return set(ids)
 
     def message_charge(self, charges: Sequence[tuple[int, str, int]], extend_s: float,
                        started: Charged | None = None) -> dict[int, tuple[int, datetime]]:

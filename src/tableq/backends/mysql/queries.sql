@@ -200,6 +200,11 @@ FROM {p}message WHERE id IN %(ids)s;
 -- name: message_ack_one :exec
 DELETE FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
 
+-- name: message_ack_held :exec
+-- A batch ack in one statement; the backend rolls it back unless it deleted every ref (then
+-- message_held finds which are still held). `id IN` first, as in message_charge.
+DELETE FROM {p}message WHERE id IN %(ids)s AND (id, lease) IN %(refs)s;
+
 -- name: message_release :exec
 UPDATE {p}message
 SET lease = NULL, attempts = attempts - %(refund)s,
