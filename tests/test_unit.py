@@ -78,6 +78,8 @@ DIALECT_ONLY = {
         "message_lock_leased", "lease_lock", "dead_requeue_ids",
         # a batch ack in one DELETE, rolled back unless every lease was still held
         "message_ack_held",
+        # a take reads what a claim's due rows leave out (a claim replaces them)
+        "message_taken",
         # session settings and the named-lock migration guard
         "session_isolation", "migration_unlock", "doctor_history_length",
     },

@@ -404,6 +404,9 @@ def test_claim_delete_and_bury_taken(backend: Backend) -> None:
     got = backend.message_take(spec(5))
     assert [r["payload"]["n"] for r in got.rows] == [2, 1]
     assert all(r["attempts"] == 1 for r in got.rows) and backend.message_peek(T, 10) == []
+    # the rows as they were: due times, never received, no lease
+    assert all(r["available_at"] == r["created_at"] == r["first_available_at"]
+               and r["received_at"] is None and r["lease"] is None for r in got.rows)
     backend.message_dead_letter_taken(got.rows[0], "handler failed")
     [dead] = backend.dead_list(T, 10)
     assert (dead["id"], dead["payload"], dead["error"]) == (

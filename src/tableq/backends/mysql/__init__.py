@@ -321,17 +321,17 @@ class MySQLBackend(SqlBackend):
         rows = []
         received_at, available_at = self._to_time(now), self._to_time(until)
         for r, f in zip(live, flags, strict=True):
-            # The lease's times replace the row's: not worth converting (2 of its 4 times).
-            r["received_at"] = r["available_at"] = None
-            row = self._row(r)
+            row = self._row(r)  # the lease's times and token are set here
             row.update(lease=lease, attempts=r["attempts"] + f, received_at=received_at,
                        available_at=available_at)
             rows.append(row)
         return rows
 
     def _take(self, cur: Cursor, due: list[Row]) -> list[Row]:
-        self._exec(cur, self.Q.message_delete_ids, {"ids": self._ids([r["id"] for r in due])})
-        return [self._row(r) for r in due]
+        ids = {"ids": self._ids([r["id"] for r in due])}
+        rest = {r["id"]: r for r in self._all(cur, self.Q.message_taken, ids)}
+        self._exec(cur, self.Q.message_delete_ids, ids)
+        return [self._row({**r, **rest[r["id"]]}) for r in due]
 
     def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
                     conn: Any = None) -> set[int]:
