@@ -64,6 +64,8 @@ DIALECT_ONLY = {
         "load_notify", "listen",
         # a listener says it waits for topics, so that sends notify only then
         "wake_register", "wake_settled", "wake_unregister",
+        # COPY cannot call wake(): the statement after it does
+        "wake_topics",
         # a schema per namespace
         "schema_create",
         "doctor_dead_rows", "doctor_prepared_transactions", "doctor_replication_slots",

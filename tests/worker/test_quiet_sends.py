@@ -1,5 +1,6 @@
 """PostgreSQL: sends NOTIFY only while a listener waits for their topic
-(0004_quiet_sends.sql). NOTIFY makes committing senders take turns, so a send that no one
+(0004_quiet_sends.sql; since 0005_wake_in_statements.sql the statements that send call
+wake() themselves). NOTIFY makes committing senders take turns, so a send that no one
 waits for must not notify; one that someone waits for must never be missed, whatever the
 sender's transaction or timing. Observed from a plain LISTEN connection on the channel."""
 
@@ -15,6 +16,7 @@ import pytest
 from workerhelpers import running
 
 import tableq
+from tableq.bulk import Bulk
 from tableq.names import ANY_TOPIC
 from tableq.testing import wait_until
 
@@ -36,7 +38,7 @@ def heard(q: tableq.Queue, db_url: str) -> Iterator[Callable[..., list[str]]]:
 
 def test_a_send_notifies_only_while_a_listener_waits_for_its_topic(q, heard):
     q.send("a", 1)
-    q.send_many("a", list(range(600)))  # by COPY: the same trigger
+    q.send_many("a", list(range(600)))  # by COPY, then wake_topics: the same rules
     assert heard() == []
     listener = q.listener(["a"])
     try:
@@ -61,6 +63,54 @@ def test_a_send_notifies_only_while_a_listener_waits_for_its_topic(q, heard):
         assert heard() == ["z"] and everything.wait(1) == ["z"]
     finally:
         everything.close()
+
+
+def test_every_way_a_message_becomes_due_wakes_a_waiting_listener(q, heard):
+    """Each statement that puts due rows in the table wakes the listener once per topic; a
+    delayed or duplicate send wakes nobody."""
+    listener = q.listener(["w"])
+
+    def woken(what: str) -> None:
+        assert heard() == ["w"], what
+        assert listener.wait(1) == ["w"], what
+
+    try:
+        q.send("w", 1)
+        woken("a single send")
+        q.send("w", 2, key="k", on_duplicate="error")
+        woken("a keyed send")
+        q.send("w", 3, key="k", on_duplicate="ignore")
+        assert heard() == [], "a duplicate ignored"
+        q.send("w", 4, key="k", on_duplicate="replace")
+        woken("a single replace")
+        q.send_many("w", [5, 6, 7])
+        woken("a batch, by arrays: once for the topic")
+        q.send_many("w", list(range(600)))
+        woken("a batch by COPY")
+        q.send_many("w", [{"payload": i, "key": f"b{i}"} for i in range(3)],
+                    on_duplicate="replace")
+        woken("a keyed batch")
+        q.send_many("w", [{"payload": i, "key": f"b{i}"} for i in range(3)],
+                    on_duplicate="replace")
+        woken("a batch of replaces")
+        q.send("w", 8, delay=60)
+        q.send_many("w", [9, 10], delay=60)
+        assert heard() == [], "delayed sends"
+        assert listener.wait(0.05) == []
+        msg = q.receive("w")[0]
+        q.nack(msg)
+        woken("a nack back to now")
+        q.dead_letter(q.receive("w")[0], "poison")
+        assert heard() == []
+        assert q.requeue_dead("w") == 1
+        woken("a requeued dead letter")
+        bulk = Bulk(q)
+        bulk.stage_many("job1", 0, "w", [{"payload": 1, "key": "s1"}, {"payload": 2}])
+        assert heard() == [], "staged rows are not due yet"
+        assert bulk.publish_staged("job1", [0]) == 2
+        woken("a published load")
+    finally:
+        listener.close()
 
 
 def test_a_listener_looks_again_until_a_send_it_could_not_see_has_committed(q, heard):

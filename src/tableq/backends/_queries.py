@@ -7,8 +7,10 @@ parameter), never string surgery, and no query holds a block-comment marker (tes
 
 Identifiers are filled once, at load, from fixed values, because SQL cannot bind them:
 the namespace placeholder ({schema} or {p}) from the validated URL, PostgreSQL's LISTEN
-channel ({channel}, derived from the schema), MySQL's binary collation in migrations ({bin},
-chosen by server flavour), and a test clock's "now" expression (`clock`)."""
+channel ({channel}, derived from the schema), PostgreSQL's schema name as a string literal
+in migrations ({schema_name}: its wake() function keys its locks and channel by it), MySQL's
+binary collation in migrations ({bin}, chosen by server flavour), and a test clock's "now"
+expression (`clock`)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ claims; LISTEN/NOTIFY wake-up hints."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -204,7 +205,8 @@ class PostgresBackend(SqlBackend):
         self.Q = load_queries(__package__, "{schema}", quoted,
                               clock=CLOCK if self.test_clock else None,
                               names={"{channel}": f'"{self.channel}"'})
-        self._migrations = load_migrations(__package__, "{schema}", quoted)
+        self._migrations = load_migrations(__package__, "{schema}", quoted,
+                                           names={"{schema_name}": f"'{self.schema}'"})
         self.connect_kwargs: dict[str, Any] = {
             "host": url.host, "port": url.port or 5432, "dbname": url.database,
             "user": url.user, "password": url.password,
@@ -586,8 +588,13 @@ class PostgresBackend(SqlBackend):
             with cur.copy(self.Q.message_copy_sent) as copy:
                 for start in range(0, len(rows), 5000):
                     copy.write(copy_sent_text(ids[start:start + 5000], rows[start:start + 5000]))
+            topics = Counter(m.topic for m in rows)
+            cur.execute(self.Q.wake_topics, {"topics": list(topics),
+                                             "counts": list(topics.values())})
             return [(i, "sent") for i in ids]
         # No transaction of its own: COPY is one statement, and ids it does not use are gaps.
+        # Its wake-up then runs after its commit, which needs no send lock: a listener that
+        # registered before the wake-up looks is told, one that registers later finds the rows.
         return self.run(run, conn)
 
     def stage_publish(self, job: str, parts: Sequence[int], on_duplicate: str,
@@ -607,7 +614,7 @@ class PostgresBackend(SqlBackend):
                     raise LoadIncomplete(job, expected, found)
             flipped = cur.execute(self.Q.load_part_publish, p).fetchall()
             cur.execute(self.Q.load_part_drop, p)
-            n: int = self._exec(cur, query, p) + sum(r["rows"] for r in flipped)
+            n: int = self._value(cur, query, p, "n") + sum(r["rows"] for r in flipped)
             cur.execute(self.Q.stage_delete_job, {"job": job})
             cur.execute(self.Q.load_job_finish, {"job": job, "state": "committed", "rows": n})
             if flipped:  # the COPY woke nobody: tell idle workers now

@@ -101,40 +101,53 @@ FROM unnest(%(topics)s::text[]) t;
 SELECT pg_advisory_unlock_all();
 
 -- name: message_insert :many
--- One round trip per batch: arrays in, rows out. Ids follow the array order.
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-       statement_timestamp(), r.due, r.due
-FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
-      FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
-                  %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
-                  %(ats)b::timestamptz[], %(delays)b::float8[])
-           WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
-                                delay_s, ord)
-      ORDER BY u.ord) r
-RETURNING id, key;
+-- One round trip per batch: arrays in, rows out. Ids follow the array order. Each topic sent
+-- due messages wakes its listening workers once (0005_wake_in_statements.sql); `woke` is
+-- selected so that the planner keeps the join that runs it.
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
+           statement_timestamp(), r.due, r.due
+    FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
+          FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+                      %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
+                      %(ats)b::timestamptz[], %(delays)b::float8[])
+               WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
+                                    delay_s, ord)
+          ORDER BY u.ord) r
+    RETURNING id, key, topic, available_at
+), woke AS (
+    SELECT {schema}.wake(topic, count(*)) AS woke
+    FROM sent WHERE available_at <= statement_timestamp() GROUP BY topic
+)
+SELECT id, key, w.woke FROM sent LEFT JOIN (SELECT bool_or(woke) AS woke FROM woke) w ON true;
 
 -- name: message_insert_ignore :many
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-       statement_timestamp(), r.due, r.due
-FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
-      FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
-                  %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
-                  %(ats)b::timestamptz[], %(delays)b::float8[])
-           WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
-                                delay_s, ord)
-      ORDER BY u.ord) r
-ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
-RETURNING id, key;
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
+           statement_timestamp(), r.due, r.due
+    FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
+          FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+                      %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
+                      %(ats)b::timestamptz[], %(delays)b::float8[])
+               WITH ORDINALITY AS u(topic, key, kind, payload, payload_bytes, headers, priority, at,
+                                    delay_s, ord)
+          ORDER BY u.ord) r
+    ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING id, key, topic, available_at
+), woke AS (
+    SELECT {schema}.wake(topic, count(*)) AS woke
+    FROM sent WHERE available_at <= statement_timestamp() GROUP BY topic
+)
+SELECT id, key, w.woke FROM sent LEFT JOIN (SELECT bool_or(woke) AS woke FROM woke) w ON true;
 
 -- name: message_insert_replace :many
 -- Replacing resets the delivery: a worker holding the old lease gets LeaseLost on ack.
 -- xmax = 0 tells a freshly inserted row from an updated one.
--- A replaced message due now wakes listening workers the way a send does (the insert
--- trigger's transition table holds inserted rows only; equal notifications collapse).
+-- A replaced message due now wakes listening workers as a sent one does.
 WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
@@ -153,37 +166,47 @@ WITH sent AS (
         last_error = NULL, progress = NULL, received_at = NULL,
         available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at
     RETURNING id, key, topic, available_at, (xmax = 0) AS inserted
+), woke AS (
+    SELECT {schema}.wake(topic, count(*)) AS woke
+    FROM sent WHERE available_at <= statement_timestamp() GROUP BY topic
 )
-SELECT id, key, inserted,
-       CASE WHEN NOT inserted AND available_at <= statement_timestamp()
-            THEN pg_notify(%(channel)s, json_build_object('topic', topic, 'n', 1)::text)
-       END AS woke
-FROM sent;
+SELECT id, key, inserted, w.woke
+FROM sent LEFT JOIN (SELECT bool_or(woke) AS woke FROM woke) w ON true;
 
 -- name: message_insert_one :many
 -- message_insert for a single send, over scalars: array parameters cost a single send about
--- a quarter of its time (dumping nine arrays, and unnest's costlier plan).
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
-       %(priority)s, statement_timestamp(), d.due, d.due
-FROM (SELECT COALESCE(%(at)s::timestamptz,
-                      statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
-RETURNING id, key;
+-- a quarter of its time (dumping nine arrays, and unnest's costlier plan). A CASE, so that
+-- only a message due now calls wake().
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
+           %(priority)s, statement_timestamp(), d.due, d.due
+    FROM (SELECT COALESCE(%(at)s::timestamptz,
+                          statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
+    RETURNING id, key, topic, available_at
+)
+SELECT id, key,
+       CASE WHEN available_at <= statement_timestamp() THEN {schema}.wake(topic, 1) END AS woke
+FROM sent;
 
 -- name: message_insert_one_ignore :many
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
-       %(priority)s, statement_timestamp(), d.due, d.due
-FROM (SELECT COALESCE(%(at)s::timestamptz,
-                      statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
-ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
-RETURNING id, key;
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
+           %(priority)s, statement_timestamp(), d.due, d.due
+    FROM (SELECT COALESCE(%(at)s::timestamptz,
+                          statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
+    ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING id, key, topic, available_at
+)
+SELECT id, key,
+       CASE WHEN available_at <= statement_timestamp() THEN {schema}.wake(topic, 1) END AS woke
+FROM sent;
 
 -- name: message_insert_one_replace :many
--- A replaced message due now wakes listening workers the way a send does (the insert
--- trigger's transition table holds inserted rows only; equal notifications collapse).
+-- A replaced message due now wakes listening workers as a sent one does.
 WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
@@ -199,9 +222,7 @@ WITH sent AS (
     RETURNING id, key, topic, available_at, (xmax = 0) AS inserted
 )
 SELECT id, key, inserted,
-       CASE WHEN NOT inserted AND available_at <= statement_timestamp()
-            THEN pg_notify(%(channel)s, json_build_object('topic', topic, 'n', 1)::text)
-       END AS woke
+       CASE WHEN available_at <= statement_timestamp() THEN {schema}.wake(topic, 1) END AS woke
 FROM sent;
 
 -- name: message_ids_take :one
@@ -209,9 +230,14 @@ FROM sent;
 -- The identity column's own sequence, named as PostgreSQL names it (0001_init.sql).
 SELECT array_agg(nextval('{schema}.message_id_seq')) AS ids FROM generate_series(1, %(n)s);
 
+-- name: wake_topics :many
+-- After message_copy_sent: wakes the listening workers of each topic, as a send does.
+SELECT {schema}.wake(t.topic, t.n) AS woke
+FROM unnest(%(topics)b::text[], %(counts)b::bigint[]) AS t(topic, n);
+
 -- name: message_copy_sent :copy
 -- An unkeyed batch due now: the fastest way in. The due times default to the server's time;
--- the insert trigger wakes listening workers as for any send.
+-- wake_topics follows it (COPY cannot call wake()).
 COPY {schema}.message (id, topic, kind, payload, payload_bytes, headers, priority) FROM STDIN;
 
 -- name: message_find_keys :many
@@ -421,7 +447,7 @@ RETURNING id;
 
 -- name: message_release :one
 -- A message released due now (a nack back to now, a worker giving back what it never
--- started) wakes listening workers the way a send does; the insert trigger sees sends only.
+-- started) wakes listening workers the way a send does.
 WITH released AS (
     UPDATE {schema}.message
     SET lease = NULL, attempts = attempts - %(refund)s,
@@ -431,7 +457,7 @@ WITH released AS (
     RETURNING id, topic, available_at
 )
 SELECT id, CASE WHEN available_at <= statement_timestamp()
-                THEN pg_notify(%(channel)s, json_build_object('topic', topic, 'n', 1)::text)
+                THEN {schema}.wake(topic, 1)
            END AS woke
 FROM released;
 
@@ -593,7 +619,7 @@ DELETE FROM {schema}.message WHERE topic = %(topic)s
 SELECT * FROM {schema}.dead WHERE topic = %(topic)s ORDER BY id LIMIT %(limit)s;
 
 -- name: dead_requeue :many
--- Back as a fresh message with the same id; one whose key is live again stays dead.
+-- Back as a fresh message with the same id, due now; one whose key is live again stays dead.
 WITH moved AS (
     INSERT INTO {schema}.message (id, topic, key, kind, payload, payload_bytes, headers,
                                   priority, attempts, created_at, available_at,
@@ -604,9 +630,13 @@ WITH moved AS (
     WHERE topic = %(topic)s AND (%(ids)b::bigint[] IS NULL OR id = ANY(%(ids)b::bigint[]))
     ORDER BY id
     ON CONFLICT DO NOTHING
-    RETURNING id
+    RETURNING id, topic
+), gone AS (
+    DELETE FROM {schema}.dead WHERE id IN (SELECT id FROM moved) RETURNING id
+), woke AS (
+    SELECT {schema}.wake(topic, count(*)) AS woke FROM moved GROUP BY topic
 )
-DELETE FROM {schema}.dead WHERE id IN (SELECT id FROM moved) RETURNING id;
+SELECT id, w.woke FROM gone LEFT JOIN (SELECT bool_or(woke) AS woke FROM woke) w ON true;
 
 -- name: dead_purge :exec
 DELETE FROM {schema}.dead
@@ -735,32 +765,47 @@ SELECT state FROM {schema}.load_job WHERE job = %(job)s;
 UPDATE {schema}.load_job SET state = %(state)s, finished_at = statement_timestamp(), rows = %(rows)s
 WHERE job = %(job)s;
 
--- name: stage_publish :exec
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
-       statement_timestamp(), s.due, s.due
-FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due
-      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])
-      ORDER BY sid) s
-ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING;
+-- name: stage_publish :one
+-- How many rows went in; each topic sent due messages wakes its listening workers once.
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
+           statement_timestamp(), s.due, s.due
+    FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due
+          FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])
+          ORDER BY sid) s
+    ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING topic, available_at
+), woke AS (
+    SELECT {schema}.wake(topic, count(*)) AS woke
+    FROM sent WHERE available_at <= statement_timestamp() GROUP BY topic
+)
+SELECT (SELECT count(*) FROM sent) AS n, (SELECT bool_or(woke) FROM woke) AS woke;
 
--- name: stage_publish_replace :exec
+-- name: stage_publish_replace :one
 -- The last staged row of a key wins; ON CONFLICT may touch each live row only once.
-INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
-                              created_at, available_at, first_available_at)
-SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
-       statement_timestamp(), s.due, s.due
-FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due,
-             row_number() OVER (PARTITION BY topic, key ORDER BY sid DESC) AS nth
-      FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])) s
-WHERE s.key IS NULL OR s.nth = 1
-ORDER BY s.sid
-ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
-    kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
-    headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
-    last_error = NULL, progress = NULL, received_at = NULL,
-    available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at;
+WITH sent AS (
+    INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
+                                  created_at, available_at, first_available_at)
+    SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
+           statement_timestamp(), s.due, s.due
+    FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due,
+                 row_number() OVER (PARTITION BY topic, key ORDER BY sid DESC) AS nth
+          FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])) s
+    WHERE s.key IS NULL OR s.nth = 1
+    ORDER BY s.sid
+    ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
+        kind = EXCLUDED.kind, payload = EXCLUDED.payload, payload_bytes = EXCLUDED.payload_bytes,
+        headers = EXCLUDED.headers, priority = EXCLUDED.priority, attempts = 0, lease = NULL,
+        last_error = NULL, progress = NULL, received_at = NULL,
+        available_at = EXCLUDED.available_at, first_available_at = EXCLUDED.first_available_at
+    RETURNING topic, available_at
+), woke AS (
+    SELECT {schema}.wake(topic, count(*)) AS woke
+    FROM sent WHERE available_at <= statement_timestamp() GROUP BY topic
+)
+SELECT (SELECT count(*) FROM sent) AS n, (SELECT bool_or(woke) FROM woke) AS woke;
 
 -- name: stage_count :one
 SELECT count(*) AS n FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]);
