@@ -9,7 +9,9 @@ here), run on its own thread in front of a throwaway server. Toxics:
   but the client cannot know it. The reply is the one to an explicit COMMIT or to a write
   statement run in autocommit (then that statement's reply is the commit's reply):
   PostgreSQL: a CommandComplete tag COMMIT / INSERT / UPDATE / DELETE followed by
-  ReadyForQuery with status I (idle: committed); MariaDB: an OK packet answering a COM_QUERY
+  ReadyForQuery with status I (idle: committed), or the SELECT tag of a send (tableq's
+  INSERT wrapped as `WITH sent AS (INSERT ...) SELECT`, so that it can wake listeners; not
+  a replace's, whose tag was SELECT before too), known by its statement's text; MariaDB: an OK packet answering a COM_QUERY
   COMMIT / INSERT / UPDATE / DELETE whose status flags say no transaction is open;
 - cut before commit: with probability `cut_before_commit`, the client's COMMIT is dropped
   and both sockets reset, so the server rolls the transaction back.
@@ -35,6 +37,8 @@ class _Conn:
     down: bytearray = field(default_factory=bytearray)  # server -> client bytes not yet whole
     up: bytearray = field(default_factory=bytearray)  # client -> server, ditto
     last_write_tag: bool = False  # PostgreSQL: a write's CommandComplete came before RFQ
+    statements: dict[bytes, bool] = field(default_factory=dict)  # PostgreSQL: name -> a send
+    running_send: bool = False  # PostgreSQL: the statement running is a send
     pending_write: bool = False  # MariaDB: the client's last command was a write
     closed: bool = False
 
@@ -178,11 +182,22 @@ class FaultProxy:
 
     def _pass_pg(self, conn: _Conn, m: bytes, up: bool) -> bool:
         if up:
-            if m[:1] == b"Q" and m[5:].lstrip().upper().startswith(b"COMMIT"):
-                return self._before_commit()
+            kind = m[:1]
+            if kind == b"Q":
+                conn.running_send = _is_send(m[5:])
+                if m[5:].lstrip().upper().startswith(b"COMMIT"):
+                    return self._before_commit()
+            elif kind == b"P":  # Parse: statement name, then its text
+                name, _, rest = m[5:].partition(b"\0")
+                conn.statements[name] = _is_send(rest)
+            elif kind == b"B":  # Bind: portal name, then the statement's
+                statement = m[5:].split(b"\0", 2)[1]
+                conn.running_send = conn.statements.get(statement, False)
             return True
         if m[:1] == b"C":
-            conn.last_write_tag = m[5:].upper().startswith(WRITES)
+            tag = m[5:].upper()
+            conn.last_write_tag = tag.startswith(WRITES) or (
+                conn.running_send and tag.startswith(b"SELECT"))
         elif m[:1] == b"Z":
             committed = conn.last_write_tag and m[5:6] == b"I"
             conn.last_write_tag = False
@@ -228,6 +243,12 @@ class FaultProxy:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.client.transport.abort()
         conn.upstream.transport.abort()
+
+
+def _is_send(text: bytes) -> bool:
+    """A tableq send that is not a replace: `WITH sent AS (INSERT ...) SELECT ...`."""
+    head = text.lstrip()[:4000].upper()
+    return head.startswith(b"WITH SENT AS") and b"DO UPDATE" not in head
 
 
 def _typed_pg_start(buf: bytearray) -> bool:
