@@ -87,8 +87,6 @@ class SqlBackend(Backend):
     # The driver's connection class and its name in messages (check_connection).
     connection_type: ClassVar[type]
     connection_name: ClassVar[str]
-    # Parameters of the statements that wake listeners (PostgreSQL: the NOTIFY channel).
-    wake_params: Params = {}  # noqa: RUF012 - replaced, never mutated
 
     # --- what a dialect supplies --------------------------------------------------------------
 
@@ -379,7 +377,7 @@ class SqlBackend(Backend):
     def message_release(self, msg_id: int, lease: str, delay_s: float, error: str | None,
                 penalty: bool, conn: Any = None) -> bool:
         params = {"id": msg_id, "lease": lease, "error": error, "refund": 0 if penalty else 1,
-                  **self._span("delay", delay_s), **self.wake_params}
+                  **self._span("delay", delay_s)}
         released = self._change(self.Q.message_release, params, conn)
         self._churned(released)
         return released > 0

@@ -201,7 +201,6 @@ class PostgresBackend(SqlBackend):
         quoted = f'"{self.schema}"'
         self.test_clock = bool(test_clock)
         self.channel = f"{self.schema}_wake"
-        self.wake_params = {"channel": self.channel}
         self.Q = load_queries(__package__, "{schema}", quoted,
                               clock=CLOCK if self.test_clock else None,
                               names={"{channel}": f'"{self.channel}"'})
@@ -385,8 +384,7 @@ class PostgresBackend(SqlBackend):
                 try:
                     with self.map_errors(), self._savepoint(cur, conn, on_duplicate):
                         params = _scalars(batch[0]) if len(batch) == 1 else _arrays(batch)
-                        got = cur.execute(one if len(batch) == 1 else query,
-                                          {**params, **self.wake_params}).fetchall()
+                        got = cur.execute(one if len(batch) == 1 else query, params).fetchall()
                 except UniqueViolation:
                     raise self._duplicate(cur, batch) from None
                 keyed = {r["key"]: r for r in got if r["key"] is not None}
