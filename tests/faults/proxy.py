@@ -11,8 +11,9 @@ here), run on its own thread in front of a throwaway server. Toxics:
   PostgreSQL: a CommandComplete tag COMMIT / INSERT / UPDATE / DELETE followed by
   ReadyForQuery with status I (idle: committed), or the SELECT tag of a send (tableq's
   INSERT wrapped as `WITH sent AS (INSERT ...) SELECT`, so that it can wake listeners; not
-  a replace's, whose tag was SELECT before too), known by its statement's text; MariaDB: an OK packet answering a COM_QUERY
-  COMMIT / INSERT / UPDATE / DELETE whose status flags say no transaction is open;
+  a replace's, whose tag was SELECT before too), known by its statement's text; MariaDB: an
+  OK packet answering a COM_QUERY COMMIT / INSERT / UPDATE / DELETE whose status flags say
+  no transaction is open;
 - cut before commit: with probability `cut_before_commit`, the client's COMMIT is dropped
   and both sockets reset, so the server rolls the transaction back.
 PostgreSQL clients must connect with sslmode=disable (the proxy reads the plain protocol).
