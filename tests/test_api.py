@@ -58,6 +58,20 @@ def test_delay_and_at_schedule_delivery(q: tableq.Queue) -> None:
     assert msgs[0].first_available_at >= msgs[0].created_at + timedelta(seconds=0.5)
 
 
+def test_a_time_in_the_past_is_due_at_once_behind_what_is_already_due(q: tableq.Queue) -> None:
+    """No message is due before it is sent (a backdated one cannot jump the line; claim
+    floors rely on it); first_available_at keeps the time asked for."""
+    q.send("p", "waiting")
+    yesterday = datetime.now(UTC) - timedelta(days=1)
+    q.send("p", "backdated", at=yesterday)
+    q.send_many("p", ["backdated too"], at=yesterday)
+    peeked = q.peek("p")
+    assert [m.first_available_at == yesterday for m in peeked] == [False, True, True]
+    assert all(m.available_at >= peeked[0].available_at for m in peeked)
+    msgs = q.receive("p", max=10)
+    assert [m.payload for m in msgs] == ["waiting", "backdated", "backdated too"]
+
+
 def test_nack_with_delay_and_error(q: tableq.Queue) -> None:
     q.send("n", "job")
     (m,) = q.receive("n")

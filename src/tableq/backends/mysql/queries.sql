@@ -63,7 +63,9 @@ UPDATE {p}test_clock SET clock = clock + INTERVAL %(by_us)s MICROSECOND;
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT r.topic, r.`key`, r.kind, r.payload, UNHEX(r.data), r.headers, r.priority,
-       UTC_TIMESTAMP(6), COALESCE(r.at, UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND),
+       UTC_TIMESTAMP(6),
+       GREATEST(COALESCE(r.at, UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND),
+                UTC_TIMESTAMP(6)),
        COALESCE(r.at, UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND)
 FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (
     ord FOR ORDINALITY, topic LONGTEXT PATH '$[0]', `key` LONGTEXT PATH '$[1]',
@@ -79,7 +81,9 @@ ORDER BY r.ord;
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+        UTC_TIMESTAMP(6),
+        GREATEST(COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+                 UTC_TIMESTAMP(6)),
         COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND));
 
 -- name: message_insert_ignore :exec
@@ -88,7 +92,9 @@ VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+        UTC_TIMESTAMP(6),
+        GREATEST(COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+                 UTC_TIMESTAMP(6)),
         COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND))
 ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id);
 
@@ -97,7 +103,9 @@ ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id);
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 VALUES (%(topic)s, %(key)s, %(kind)s, %(payload)s, %(payload_bytes)s, %(headers)s, %(priority)s,
-        UTC_TIMESTAMP(6), COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+        UTC_TIMESTAMP(6),
+        GREATEST(COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND),
+                 UTC_TIMESTAMP(6)),
         COALESCE(%(at)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND))
 ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), kind = VALUES(kind),
     payload = VALUES(payload), payload_bytes = VALUES(payload_bytes), headers = VALUES(headers),
@@ -453,7 +461,8 @@ WHERE job = %(job)s;
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, UTC_TIMESTAMP(6),
-       COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+       GREATEST(COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+                UTC_TIMESTAMP(6)),
        COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
 FROM {p}stage WHERE job = %(job)s AND part IN %(parts)s ORDER BY sid
 ON DUPLICATE KEY UPDATE id = id;
@@ -462,7 +471,8 @@ ON DUPLICATE KEY UPDATE id = id;
 INSERT INTO {p}message (topic, `key`, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT topic, `key`, kind, payload, payload_bytes, headers, priority, UTC_TIMESTAMP(6),
-       COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+       GREATEST(COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND),
+                UTC_TIMESTAMP(6)),
        COALESCE(at, UTC_TIMESTAMP(6) + INTERVAL ROUND(delay_s * 1000000) MICROSECOND)
 FROM {p}stage WHERE job = %(job)s AND part IN %(parts)s ORDER BY sid
 ON DUPLICATE KEY UPDATE kind = VALUES(kind), payload = VALUES(payload),

@@ -570,13 +570,14 @@ class PostgresBackend(SqlBackend):
                     copy.write_row((topic, m.kind, m.json_text, m.data, m.headers_json,
                                     m.priority, load_part))
         if later:
-            # Delays count from the server's clock now, as a send's would.
+            # Delays count from the server's clock now, as a send's would; a time in the past
+            # is due now (first_available_at keeps it), as a send's is.
             now = self._value(cur, self.Q.clock_now, None, "now")
             with cur.copy(self.Q.message_copy_due) as copy:
                 for m in later:
                     due = m.at if m.at is not None else now + timedelta(seconds=m.delay_s)
                     copy.write_row((topic, m.kind, m.json_text, m.data, m.headers_json,
-                                    m.priority, load_part, due, due))
+                                    m.priority, load_part, max(due, now), due))
 
     def _copy_sent(self, rows: Sequence[NewMessage], conn: Any) -> list[tuple[int, str]]:
         """An unkeyed batch due now, by COPY: nothing can conflict, so every row is "sent";

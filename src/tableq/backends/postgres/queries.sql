@@ -108,7 +108,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-           statement_timestamp(), r.due, r.due
+           statement_timestamp(), GREATEST(r.due, statement_timestamp()), r.due
     FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
           FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
                       %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
@@ -128,7 +128,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-           statement_timestamp(), r.due, r.due
+           statement_timestamp(), GREATEST(r.due, statement_timestamp()), r.due
     FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
           FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
                       %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
@@ -152,7 +152,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT r.topic, r.key, r.kind, r.payload::jsonb, r.payload_bytes, r.headers::jsonb, r.priority,
-           statement_timestamp(), r.due, r.due
+           statement_timestamp(), GREATEST(r.due, statement_timestamp()), r.due
     FROM (SELECT u.*, COALESCE(u.at, statement_timestamp() + make_interval(secs => u.delay_s)) AS due
           FROM unnest(%(topics)b::text[], %(keys)b::text[], %(kinds)b::text[], %(payloads)b::text[],
                       %(datas)b::bytea[], %(headers)b::text[], %(priorities)b::int[],
@@ -181,7 +181,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
-           %(priority)s, statement_timestamp(), d.due, d.due
+           %(priority)s, statement_timestamp(), GREATEST(d.due, statement_timestamp()), d.due
     FROM (SELECT COALESCE(%(at)s::timestamptz,
                           statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
     RETURNING id, key, topic, available_at
@@ -195,7 +195,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
-           %(priority)s, statement_timestamp(), d.due, d.due
+           %(priority)s, statement_timestamp(), GREATEST(d.due, statement_timestamp()), d.due
     FROM (SELECT COALESCE(%(at)s::timestamptz,
                           statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
     ON CONFLICT (topic, key) WHERE key IS NOT NULL DO NOTHING
@@ -211,7 +211,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT %(topic)s, %(key)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb,
-           %(priority)s, statement_timestamp(), d.due, d.due
+           %(priority)s, statement_timestamp(), GREATEST(d.due, statement_timestamp()), d.due
     FROM (SELECT COALESCE(%(at)s::timestamptz,
                           statement_timestamp() + make_interval(secs => %(delay_s)s::float8)) AS due) d
     ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
@@ -771,7 +771,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
-           statement_timestamp(), s.due, s.due
+           statement_timestamp(), GREATEST(s.due, statement_timestamp()), s.due
     FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due
           FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])
           ORDER BY sid) s
@@ -789,7 +789,7 @@ WITH sent AS (
     INSERT INTO {schema}.message (topic, key, kind, payload, payload_bytes, headers, priority,
                                   created_at, available_at, first_available_at)
     SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority,
-           statement_timestamp(), s.due, s.due
+           statement_timestamp(), GREATEST(s.due, statement_timestamp()), s.due
     FROM (SELECT *, COALESCE(at, statement_timestamp() + make_interval(secs => delay_s)) AS due,
                  row_number() OVER (PARTITION BY topic, key ORDER BY sid DESC) AS nth
           FROM {schema}.stage WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[])) s

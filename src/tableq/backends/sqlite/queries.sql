@@ -70,7 +70,7 @@ SELECT last_insert_rowid() AS id;
 INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority, t.now,
-       COALESCE(:at, t.now + :delay_s), COALESCE(:at, t.now + :delay_s)
+       max(COALESCE(:at, t.now + :delay_s), t.now), COALESCE(:at, t.now + :delay_s)
 FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t;
 
 -- name: message_insert_many :exec
@@ -83,7 +83,7 @@ FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t;
 INSERT INTO {p}message (topic, kind, payload, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, r.value ->> 4, t.now,
-       COALESCE(r.value ->> 5, t.now + (r.value ->> 6)),
+       max(COALESCE(r.value ->> 5, t.now + (r.value ->> 6)), t.now),
        COALESCE(r.value ->> 5, t.now + (r.value ->> 6))
 FROM json_each(:rows) r, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 ORDER BY r.key;
@@ -96,7 +96,7 @@ ORDER BY r.key;
 INSERT INTO {p}message (topic, kind, payload, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT :topic, :kind, p.value, :headers, :priority, t.now,
-       COALESCE(:at, t.now + :delay_s), COALESCE(:at, t.now + :delay_s)
+       max(COALESCE(:at, t.now + :delay_s), t.now), COALESCE(:at, t.now + :delay_s)
 FROM json_each(:payloads) p, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 ORDER BY p.key;
 
@@ -109,7 +109,7 @@ SELECT id FROM {p}message WHERE topic = :topic AND key = :key;
 INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT :topic, :key, :kind, :payload, :payload_bytes, :headers, :priority, t.now,
-       COALESCE(:at, t.now + :delay_s), COALESCE(:at, t.now + :delay_s)
+       max(COALESCE(:at, t.now + :delay_s), t.now), COALESCE(:at, t.now + :delay_s)
 FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 WHERE true
 ON CONFLICT (topic, key) WHERE key IS NOT NULL DO UPDATE SET
@@ -425,7 +425,7 @@ ON CONFLICT (job) DO UPDATE SET state = excluded.state, finished_at = excluded.f
 INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, t.now,
-       COALESCE(s.at, t.now + s.delay_s), COALESCE(s.at, t.now + s.delay_s)
+       max(COALESCE(s.at, t.now + s.delay_s), t.now), COALESCE(s.at, t.now + s.delay_s)
 FROM {p}stage s, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 WHERE s.job = :job AND s.part IN (SELECT value FROM json_each(:parts))
 ORDER BY s.sid
@@ -435,7 +435,7 @@ ON CONFLICT DO NOTHING;
 INSERT INTO {p}message (topic, key, kind, payload, payload_bytes, headers, priority,
                         created_at, available_at, first_available_at)
 SELECT s.topic, s.key, s.kind, s.payload, s.payload_bytes, s.headers, s.priority, t.now,
-       COALESCE(s.at, t.now + s.delay_s), COALESCE(s.at, t.now + s.delay_s)
+       max(COALESCE(s.at, t.now + s.delay_s), t.now), COALESCE(s.at, t.now + s.delay_s)
 FROM {p}stage s, (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) t
 WHERE s.job = :job AND s.part IN (SELECT value FROM json_each(:parts))
 ORDER BY s.sid
