@@ -73,6 +73,9 @@ DIALECT_ONLY = {
         # the backend's own vacuum, paced by churn (autovacuum comes at most once a minute;
         # InnoDB purges on its own; SQLite reuses freed pages)
         "message_vacuum", "message_swept",
+        # claims from floors while a snapshot is held (floors.py), the horizon they follow,
+        # and sessions planned without bitmap scans
+        "message_claim_floor", "message_claim_ids_floor", "horizon", "session_no_bitmap_scans",
     },
     "mysql": {
         # no RETURNING: read back what a statement changed, under a row lock

@@ -31,8 +31,9 @@ from tableq.backends.base import (
     gather,
 )
 from tableq.backends.postgres.errors import map_errors
+from tableq.backends.postgres.floors import PLAIN, Floors, Horizon
 from tableq.backends.postgres.vacuum import Swept, Vacuumer, log
-from tableq.backends.sql import Cursor, Params, SqlBackend
+from tableq.backends.sql import HELPER_COLUMNS, Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
 from tableq.names import ANY_TOPIC
 from tableq.url import LIBPQ_PARAMS, DatabaseURL
@@ -46,6 +47,7 @@ CLOCK = ("statement_timestamp()", "(SELECT clock FROM {schema}.test_clock)")
 # more). At 1,000 rows COPY was 1.2x the unnest insert (A/B, three runs); at 100-300 the
 # runs disagreed (0.66x-1.35x on a loaded machine), so smaller batches keep the insert.
 COPY_MIN_ROWS = 500
+COPY_CHUNK = 5000  # rows of COPY text built and written at a time
 # A listener that registered while a send that could not see it was in flight looks again
 # after this long, then twice as long each time, up to SETTLE_MAX_S (a long outbox transaction
 # is picked up within about that long of its commit).
@@ -191,6 +193,9 @@ class PostgresBackend(SqlBackend):
     dialect = "postgres"
     connection_type: ClassVar[type] = psycopg.Connection
     connection_name: ClassVar[str] = "psycopg 3 Connection"
+    # A claim's floor facts (message_claim; floors.py), on its first row only.
+    helper_columns: ClassVar[tuple[str, ...]] = HELPER_COLUMNS + (
+        "nth", "first_at", "first_id", "hidden", "oldest_snapshot", "oldest_write", "claimed_at")
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32, connect_timeout_s: float = 10,
                  application_name: str = "tableq",
@@ -219,7 +224,10 @@ class PostgresBackend(SqlBackend):
         self._checked = False
         self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
                          socket_of=lambda c: c.fileno())
-        self.vacuumer = Vacuumer(self._vacuum, self.where) if vacuum else None
+        # A test clock's frozen "now" would let rows due "now" sort before a floor.
+        self.floors = Floors(enabled=not self.test_clock)
+        self.vacuumer = (Vacuumer(self._vacuum, self.where, held=lambda: self.floors.held)
+                         if vacuum else None)
 
     # --- connections and transactions -----------------------------------------------------
 
@@ -264,6 +272,7 @@ class PostgresBackend(SqlBackend):
         with self.map_errors():
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True)
             conn.execute(self.Q.session_time_zone)
+            conn.execute(self.Q.session_no_bitmap_scans)
             conn.execute(self.Q.idle_transaction_limit, {"ms": self.transaction_idle_ms})
             if not self._checked:
                 version = conn.execute(self.Q.server_version).fetchone()[0]  # type: ignore[index]
@@ -457,15 +466,33 @@ class PostgresBackend(SqlBackend):
         # A filtered or partly charged claim has no ids-only twin: it returns whole rows, of
         # which the ids are kept. message_claim_ids leases under the caller's token only.
         lean = spec.ids_only and spec.charge is None and spec.lease is not None
-        plain = self.Q.message_claim_ids if lean else self.Q.message_claim
+        # From a floor only unfiltered claims in a statement of their own: a caller's
+        # transaction may see an older snapshot than its statement (floors.py).
+        plan = self.floors.plan(spec.topic) if spec.where is None and conn is None else PLAIN
+        if plan.check:
+            self.floors.checked(self._horizon())
+            plan = self.floors.plan(spec.topic) if self.floors.held else PLAIN
+        if plan.floor is None:
+            plain = self.Q.message_claim_ids if lean else self.Q.message_claim
+        else:
+            plain = self.Q.message_claim_ids_floor if lean else self.Q.message_claim_floor
         sql, params = self._claim_params(plain, self.Q.message_claim_where, spec)
+        params.update(plan.params())
         raw = self.run(lambda cur: self._all(cur, sql, params), conn)
         dead_lettered = int(raw[0]["dead_lettered"]) if raw else 0
         leased = [r for r in raw if r["id"] is not None]
+        if plan.floor is not None and raw:
+            self.floors.learn(spec.topic, plan, raw[0], leased[0]["priority"] if leased else None)
         self._churned(len(leased) + dead_lettered)
         if spec.ids_only:
             return ClaimResult([{"id": r["id"]} for r in leased], dead_lettered)
         return ClaimResult([self._row(r) for r in leased], dead_lettered)
+
+    def _horizon(self) -> Horizon:
+        row = self._read_one(self.Q.horizon)
+        assert row is not None
+        return Horizon(bool(row["hidden"]), row["oldest_snapshot"], row["oldest_write"],
+                       row["claimed_at"])
 
     def message_take(self, spec: ClaimSpec) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, self.Q.message_take_where, spec)
@@ -584,9 +611,14 @@ class PostgresBackend(SqlBackend):
         the ids are taken first, in ascending order, so the batch keeps its order."""
         def run(cur: psycopg.Cursor[Any]) -> list[tuple[int, str]]:
             ids = sorted(self._value(cur, self.Q.message_ids_take, {"n": len(rows)}, "ids"))
+            # The first rows are ready before COPY starts: they take its start as their due
+            # time, and claim floors allow a statement only WRITE_MARGIN_S before its first row.
+            text = copy_sent_text(ids[:COPY_CHUNK], rows[:COPY_CHUNK])
             with cur.copy(self.Q.message_copy_sent) as copy:
-                for start in range(0, len(rows), 5000):
-                    copy.write(copy_sent_text(ids[start:start + 5000], rows[start:start + 5000]))
+                copy.write(text)
+                for start in range(COPY_CHUNK, len(rows), COPY_CHUNK):
+                    copy.write(copy_sent_text(ids[start:start + COPY_CHUNK],
+                                              rows[start:start + COPY_CHUNK]))
             topics = Counter(m.topic for m in rows)
             cur.execute(self.Q.wake_topics, {"topics": list(topics),
                                              "counts": list(topics.values())})

@@ -36,6 +36,10 @@ MIN_CHURN = 2_000
 DUTY = 10.0
 # After a failed vacuum (the database away), the next try waits this long.
 RETRY_S = 10.0
+# While a snapshot is held (the claims' horizon, floors.py) a vacuum can remove nothing that
+# churned since it began, and one over millions of dead versions slowed every commit beside
+# it (acks of 0.3-0.4 s for seconds at a time): it waits, looking again this often.
+HELD_RECHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,13 @@ def vacuum_wait(churn: int, last: Swept, since_s: float, last_took_s: float) -> 
 
 class Vacuumer:
     """Counts churn (`churned(n)`) and runs `vacuum()` on its own daemon thread when
-    vacuum_wait says so. `vacuum()` vacuums and returns what it left (Swept), or None when it
-    cannot vacuum (not the table's owner): then the Vacuumer stops for good.
-    Errors (the database away) are logged and the churn is kept for the next try."""
+    vacuum_wait says so and `held()` does not. `vacuum()` vacuums and returns what it left
+    (Swept), or None when it cannot vacuum (not the table's owner): then the Vacuumer stops
+    for good. Errors (the database away) are logged and the churn is kept for the next try."""
 
-    def __init__(self, vacuum: Callable[[], Swept | None], where: str) -> None:
-        self._vacuum, self._where = vacuum, where
+    def __init__(self, vacuum: Callable[[], Swept | None], where: str,
+                 held: Callable[[], bool] = lambda: False) -> None:
+        self._vacuum, self._where, self._held = vacuum, where, held
         self._cond = threading.Condition()
         self._churn = 0
         self._last = Swept(0.0, 0.0)
@@ -99,9 +104,11 @@ class Vacuumer:
                 self._cond.notify()
 
     def _wait_s(self) -> float | None:
-        """vacuum_wait, and no sooner than a failed vacuum's retry time."""
+        """vacuum_wait, and no sooner than a failed vacuum's retry time, nor while held."""
         now = time.monotonic()
         wait = vacuum_wait(self._churn, self._last, now - self._last_end, self._last_took)
+        if wait is not None and self._held():
+            return max(wait, HELD_RECHECK_S)
         return None if wait is None else max(wait, self._retry_at - now)
 
     def _due(self) -> bool:

@@ -1,0 +1,168 @@
+"""Claim floors: where a PostgreSQL claim may start reading its topic while a snapshot is held.
+
+While any transaction holds an old snapshot, no dead row version of the message table can be
+removed, and a claim that reads its topic from the start of the claim index walks over every
+message received since: claims get slower with every message, and a queue that churned for
+minutes ran at a tenth of its speed. A floor is a position in the claim index, (priority,
+available_at, id), before which no live message of that priority sorts; the claim reads that
+priority from the floor (message_claim_floor). Each claim learns the next floor:
+
+- the first row of the floor's priority that its snapshot could see (`first`, locked or not:
+  a row another claim holds may yet be given back), or its own start if it saw none;
+- capped by the write bound: rows that transactions in flight have written, invisible to
+  the claim, are due no earlier than their transaction's start, or, for a statement waiting
+  for a lock, its start (less WRITE_MARGIN_S, for a statement between its start and its first
+  row). The bound must be read before the claim's snapshot, so a claim uses the bound an
+  earlier one read (Horizon): a transaction that commits after the claim's snapshot was
+  either in flight then, or not yet begun (and then writes nothing due before its start).
+
+That rests on one rule that every statement of queries.sql keeps: no row is written due
+before the statement's start (a send with `at=` in the past is due at its send). Rows due
+later than the claim's start sort after the floor anyway, so leases that run out are found.
+
+Floors are used only while the database's oldest snapshot is older than HELD_AFTER_S (a
+process that claims plainly looks every HORIZON_EVERY_S), and only when this role can see
+every session's transactions (pg_read_all_stats): a write in flight in a session it cannot
+see could sort before any floor. Without a held snapshot, dead versions are cleaned up and
+the plain claim is cheapest. The decisions are pure; the class holds this process's floors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+HELD_AFTER_S = 1.0
+HORIZON_EVERY_S = 1.0
+WRITE_MARGIN_S = 0.05
+START = datetime.min.replace(tzinfo=UTC)  # before every due time: read from the start
+
+Position = tuple[datetime, int]  # (available_at, id) within one priority
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """What a claim read of the database's other transactions (the horizon() function),
+    at `at` (the claim's statement time)."""
+
+    hidden: bool  # some session's transactions cannot be seen by this role
+    oldest_snapshot: datetime | None
+    oldest_write: datetime | None
+    at: datetime
+
+    def held(self) -> bool:
+        """A snapshot old enough that dead row versions pile up in the claim index."""
+        return (not self.hidden and self.oldest_snapshot is not None
+                and self.at - self.oldest_snapshot > timedelta(seconds=HELD_AFTER_S))
+
+    def write_bound(self) -> datetime:
+        """No row that a transaction in flight at `at` may yet make visible is due before
+        this (tableq writes no due time before its statement's start)."""
+        oldest = self.at if self.oldest_write is None else min(self.oldest_write, self.at)
+        return oldest - timedelta(seconds=WRITE_MARGIN_S)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    """How one claim of a topic runs: plainly (floor None), after a look at the horizon
+    (`check`), or from a floor (message_claim_floor) with the write bound read before it."""
+
+    floor: tuple[int, Position] | None = None  # (priority, position)
+    check: bool = False
+    bound: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        if self.floor is None:
+            return {}
+        priority, (at, msg_id) = self.floor
+        return {"f_priority": priority, "f_at": at, "f_id": msg_id}
+
+
+PLAIN = ClaimPlan()
+
+
+def next_floor(old: Position | None, first: Position | None, claimed_at: datetime,
+               bound: datetime | None) -> Position | None:
+    """The floor after a claim that started reading at `old` (None: the start), saw `first`
+    (None: no visible row from there) at `claimed_at`, with the write bound `bound` read
+    before it (None: not known yet, so no floor)."""
+    if bound is None:
+        return old
+    seen = first if first is not None else (claimed_at, 0)
+    new = min(seen, (bound, 0))
+    return new if old is None or new > old else old
+
+
+class Floors:
+    """This process's claim floors (one backend's): per topic, the priority whose floor a
+    claim uses (the first leased message's; 0 at first) and a floor per (topic, priority).
+    Thread-safe: claims of one process share them, and a floor only moves forward until the
+    snapshot is let go."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self._enabled = enabled
+        self._lock = threading.Lock()
+        self._held = False
+        self._checked = -HORIZON_EVERY_S  # monotonic time of the last look at the horizon
+        self._bound: datetime | None = None
+        self._level: dict[str, int] = {}
+        self._floor: dict[tuple[str, int], Position] = {}
+
+    @property
+    def held(self) -> bool:
+        """Claims run from floors: a snapshot is held (and every session can be seen)."""
+        return self._held
+
+    def plan(self, topic: str) -> ClaimPlan:
+        if not self._enabled:
+            return PLAIN
+        with self._lock:
+            if not self._held:
+                now = time.monotonic()
+                if now - self._checked < HORIZON_EVERY_S:
+                    return PLAIN
+                self._checked = now
+                return ClaimPlan(check=True)
+            level = self._level.get(topic, 0)
+            start = self._floor.get((topic, level), (START, 0))
+            return ClaimPlan(floor=(level, start), bound=self._bound)
+
+    def checked(self, horizon: Horizon) -> None:
+        """The horizon looked at before a plain claim (ClaimPlan.check)."""
+        with self._lock:
+            self._switch(horizon)
+
+    def learn(self, topic: str, plan: ClaimPlan, meta: dict[str, Any],
+              first_priority: int | None) -> None:
+        """What a claim from a floor returned: its first row's helper columns (`meta`: the
+        first visible row from the floor, the horizon) and the priority of the first message
+        it leased (None: none)."""
+        assert plan.floor is not None
+        priority, start = plan.floor
+        horizon = Horizon(bool(meta["hidden"]), meta["oldest_snapshot"], meta["oldest_write"],
+                          meta["claimed_at"])
+        first = None if meta["first_at"] is None else (meta["first_at"], int(meta["first_id"]))
+        with self._lock:
+            if not self._switch(horizon):
+                return
+            key = (topic, priority)
+            floor = next_floor(self._floor.get(key, start), first, horizon.at, plan.bound)
+            if floor is not None:
+                self._floor[key] = floor
+            if first_priority is not None:
+                self._level[topic] = first_priority
+
+    def _switch(self, horizon: Horizon) -> bool:
+        """Floors on while the horizon is held (and visible), off and forgotten after; a held
+        horizon's write bound serves the claims that start after it was read."""
+        held = horizon.held()
+        if held != self._held:
+            self._held = held
+            self._level.clear()
+            self._floor.clear()
+            self._bound = None
+        if held and (self._bound is None or horizon.write_bound() > self._bound):
+            self._bound = horizon.write_bound()
+        return held
