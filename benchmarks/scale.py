@@ -204,7 +204,8 @@ def held_snapshot(t: Target, p: dict[str, Any]) -> dict[str, Any]:
     else:
         conn.close()
     return {"rate": total_n / total_s, "first_rate": rates[0], "last_rate": rates[-1],
-            "segments": len(rates), "messages": total_n, **dead}
+            "min_rate": min(rates), "segments": len(rates), "messages": total_n,
+            "segment_rates": [round(r) for r in rates], **dead}
 
 
 def open_load(t: Target, p: dict[str, Any]) -> dict[str, Any]:
