@@ -61,7 +61,7 @@ Cursor = Any  # the dialect's cursor (or, for sqlite3, its connection)
 Params = dict[str, Any]
 
 # Columns some dialects' claim or look-up queries add for their own use; never in a row.
-HELPER_COLUMNS = ("due_priority", "due_at", "dead_lettered", "db_now")
+_HELPER_COLUMNS = ("due_priority", "due_at", "dead_lettered", "db_now")
 # The time columns lease_read returns.
 _LEASE_TIMES = ("created_at", "available_at", "first_available_at", "received_at")
 
@@ -87,9 +87,6 @@ class SqlBackend(Backend):
     # The driver's connection class and its name in messages (check_connection).
     connection_type: ClassVar[type]
     connection_name: ClassVar[str]
-    # What _row() drops: the columns this dialect's statements add for their own use.
-    helper_columns: ClassVar[tuple[str, ...]] = HELPER_COLUMNS
-
     # --- what a dialect supplies --------------------------------------------------------------
 
     @abstractmethod
@@ -192,7 +189,7 @@ class SqlBackend(Backend):
 
     def _row(self, raw: Any) -> Row:
         row = shape_row(raw, self._to_time, self._loads)
-        for name in self.helper_columns:
+        for name in _HELPER_COLUMNS:
             row.pop(name, None)
         return row  # a claimed row keeps "charged" (ClaimSpec.charge)
 

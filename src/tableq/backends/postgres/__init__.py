@@ -33,7 +33,7 @@ from tableq.backends.base import (
 from tableq.backends.postgres.errors import map_errors
 from tableq.backends.postgres.floors import PLAIN, Floors, Horizon
 from tableq.backends.postgres.vacuum import Swept, Vacuumer, log
-from tableq.backends.sql import HELPER_COLUMNS, Cursor, Params, SqlBackend
+from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
 from tableq.names import ANY_TOPIC
 from tableq.url import LIBPQ_PARAMS, DatabaseURL
@@ -48,6 +48,9 @@ CLOCK = ("statement_timestamp()", "(SELECT clock FROM {schema}.test_clock)")
 # runs disagreed (0.66x-1.35x on a loaded machine), so smaller batches keep the insert.
 COPY_MIN_ROWS = 500
 COPY_CHUNK = 5000  # rows of COPY text built and written at a time
+# What a claim from a floor adds to its rows for the next floor (floors.py; the first row's).
+FLOOR_COLUMNS = ("nth", "first_at", "first_id", "hidden", "oldest_snapshot", "oldest_write",
+                 "claimed_at")
 # A listener that registered while a send that could not see it was in flight looks again
 # after this long, then twice as long each time, up to SETTLE_MAX_S (a long outbox transaction
 # is picked up within about that long of its commit).
@@ -193,9 +196,6 @@ class PostgresBackend(SqlBackend):
     dialect = "postgres"
     connection_type: ClassVar[type] = psycopg.Connection
     connection_name: ClassVar[str] = "psycopg 3 Connection"
-    # A claim's floor facts (message_claim; floors.py), on its first row only.
-    helper_columns: ClassVar[tuple[str, ...]] = HELPER_COLUMNS + (
-        "nth", "first_at", "first_id", "hidden", "oldest_snapshot", "oldest_write", "claimed_at")
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32, connect_timeout_s: float = 10,
                  application_name: str = "tableq",
@@ -486,6 +486,10 @@ class PostgresBackend(SqlBackend):
         self._churned(len(leased) + dead_lettered)
         if spec.ids_only:
             return ClaimResult([{"id": r["id"]} for r in leased], dead_lettered)
+        if plan.floor is not None:
+            for r in leased:
+                for name in FLOOR_COLUMNS:
+                    del r[name]
         return ClaimResult([self._row(r) for r in leased], dead_lettered)
 
     def _horizon(self) -> Horizon:
