@@ -191,8 +191,8 @@ def scale_section(res: Results) -> list[str]:
         if held:
             out += [f"**{title}, held snapshot** (fill 20k + drain with the library loop, "
                     "repeated; one REPEATABLE READ transaction open throughout when held):", "",
-                    "| system | snapshot | seconds | msgs | mean jobs/s | first / last segment "
-                    "| dead rows at end |", "|---|---|---:|---:|---:|---:|---:|"]
+                    "| system | snapshot | seconds | msgs | mean jobs/s | first / last / slowest "
+                    "segment | dead rows at end |", "|---|---|---:|---:|---:|---:|---:|"]
             for impl, lab in held:
                 r = res.once("held_snapshot", variant, lab, impl)
                 assert r is not None
@@ -203,8 +203,8 @@ def scale_section(res: Results) -> list[str]:
                              and rec["case"]["label"] == lab and rec["case"]["system"] == impl
                              and rec["case"]["db"] == variant), "?")
                 out.append(f"| {NAMES[impl]} | {lab} | {secs} | {r['messages']:,} | "
-                           f"{k(r['rate'])} | {k(r['first_rate'])} / {k(r['last_rate'])} | "
-                           f"{dead:,.0f} {what} |")
+                           f"{k(r['rate'])} | {k(r['first_rate'])} / {k(r['last_rate'])} / "
+                           f"{k(r['min_rate']) if 'min_rate' in r else '-'} | {dead:,.0f} {what} |")
             out.append("")
         for label in res.labels("open_load", variant):
             r = res.once("open_load", variant, label)
