@@ -233,3 +233,33 @@ def test_charge_window():
     assert charge_window(CHARGE_AHEAD_S / 10) == 10
     assert charge_window(0.5) == 0
     assert charge_window(1e-9) == FETCH_MAX
+
+
+def test_active_threads_follow_the_handlers_duration():
+    from tableq.worker.lane import RUN_PER_THREAD_S, active_threads
+
+    assert active_threads(None, 16) == 2  # not measured yet: two, more once measured
+    assert active_threads(0.5, 16) == 16  # slow handlers: threads overlap their waits
+    assert active_threads(0.0, 16) == 2  # no-op handlers: one runs while one is handed off
+    assert active_threads(4 * RUN_PER_THREAD_S, 16) == 6
+    assert active_threads(1e-6, 1) == 1  # never more than the maximum
+    assert active_threads(0.0, 16, per_thread_s=1.0) == 2
+
+
+def test_a_typical_run_ignores_the_odd_wait_for_the_gil():
+    from tableq.worker.lane import RUNS_MEASURED, typical_run
+
+    assert typical_run([]) is None
+    assert typical_run([1e-5] * (RUNS_MEASURED - 1)) is None  # too few yet
+    assert typical_run([1e-5] * 20 + [0.005] * 3) == 1e-5
+    assert typical_run([0.01] * 20 + [1e-5] * 3) == 0.01
+
+
+def test_a_handler_far_beyond_the_average_is_stuck():
+    from tableq.worker.lane import STUCK_MIN_S, counts_as_busy
+
+    assert counts_as_busy(10.0, 10.0 + STUCK_MIN_S / 2, 1e-5)
+    assert not counts_as_busy(10.0, 10.0 + STUCK_MIN_S * 2, 1e-5)
+    assert counts_as_busy(10.0, 13.0, 1.0)  # within four times a slow lane's average
+    assert not counts_as_busy(10.0, 15.0, 1.0)
+    assert not counts_as_busy(10.0, 11.0, None)

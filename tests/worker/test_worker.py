@@ -315,6 +315,67 @@ def test_threads_scale_with_backlog(make_app):
         gate.set()
 
 
+def test_a_lane_parks_threads_beyond_what_its_handlers_need(make_app):
+    from tableq.worker.lane import STUCK_MIN_S, active_threads
+
+    app = make_app()
+    app.handler("parked", concurrency=16)(lambda message: None)
+    (lane,) = app.worker().lanes
+    lane.buffer.append(object())  # a message waits
+    for _ in range(8):
+        lane.record(1e-5)
+    target = active_threads(1e-5, 16)
+    now = time.monotonic()
+    lane.running = target
+    lane._started = {i: now for i in range(target)}
+    assert not lane._may_start()  # enough run for no-op handlers
+    lane._started[0] = now - 2 * STUCK_MIN_S
+    assert lane._may_start()  # one is stuck far beyond the typical run: another may start
+    lane._started[0] = now
+    for _ in range(32):
+        lane.record(0.5)
+    assert lane._may_start()  # slow handlers: every thread may run
+
+
+def test_fast_handlers_run_on_few_threads_and_a_stuck_one_does_not_block_the_rest(make_app):
+    """No-op handlers gain nothing from sixteen threads taking turns on one GIL: the lane
+    keeps active_threads() of them running. A handler that then blocks far beyond the
+    average does not hold up the messages behind it: a parked thread starts beside it."""
+    from tableq.worker.lane import active_threads
+
+    app = make_app()
+    gate = threading.Event()
+    lock = threading.Lock()
+    now = {"running": 0, "done": 0}
+
+    @app.handler("fast", concurrency=16)
+    def handle(message):
+        with lock:
+            now["running"] += 1
+        if message.payload == "block":
+            gate.wait(30)
+        with lock:
+            now["running"] -= 1
+            now["done"] += 1
+
+    worker = app.worker()
+    (lane,) = worker.lanes
+    try:
+        with running(worker):
+            app.queue.send_many("fast", list(range(3000)))
+            wait_until(lambda: app.queue.stats("fast")[0].live == 0, timeout=30)
+            assert lane.threads == 16  # all there, most of them parked
+            assert lane._active == active_threads(lane._typical, 16) < 16
+            app.queue.send_many("fast", ["block"] * 3)
+            app.queue.send_many("fast", list(range(200)))
+            wait_until(lambda: now["done"] == 3200, timeout=20)  # all but the blocked ones
+            assert now["running"] == 3
+            gate.set()
+            wait_until(lambda: app.queue.stats("fast")[0].live == 0, timeout=15)
+    finally:
+        gate.set()
+
+
 def test_periodic_job_once_per_tick_with_three_workers(make_app):
     apps = [make_app() for _ in range(3)]
     ticks: list[str] = []
