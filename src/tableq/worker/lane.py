@@ -367,6 +367,13 @@ class Lane:
         # Not measured yet, and some already run long: slow handlers, so all may start.
         return busy < self._active or (typical is None and busy < self.running)
 
+    def _hand_watch_on(self) -> None:
+        """The watching thread leaves (to run a handler, or to exit): another parked thread
+        takes the watch if messages wait (caller holds self.cond)."""
+        self._watching = False
+        if self.buffer:
+            self.work.notify(1)
+
     def _thread(self) -> None:
         me = threading.get_ident()
         while True:
@@ -379,8 +386,7 @@ class Lane:
                         self.threads -= 1
                         self.idle -= 1
                         if watching:
-                            self._watching = False
-                            self.work.notify(1)  # hand the watch on
+                            self._hand_watch_on()
                         return
                     timeout = max(left, 0.05) if self.threads > self.cmin else None
                     if self.buffer and (watching or not self._watching):
@@ -390,9 +396,7 @@ class Lane:
                         timeout = STUCK_MIN_S if timeout is None else min(timeout, STUCK_MIN_S)
                     self.work.wait(timeout)
                 if watching:
-                    self._watching = False
-                    if self.buffer and self.idle > 1:
-                        self.work.notify(1)  # hand the watch on
+                    self._hand_watch_on()
                 if self.stopping:
                     self.threads -= 1
                     self.idle -= 1
