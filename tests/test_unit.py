@@ -75,7 +75,7 @@ DIALECT_ONLY = {
         "message_vacuum", "message_swept",
         # claims from floors while a snapshot is held (floors.py), the horizon they follow,
         # and sessions planned without bitmap scans
-        "message_claim_floor", "message_claim_ids_floor", "horizon", "session_no_bitmap_scans",
+        "message_claim_floor", "message_claim_ids_floor", "horizon", "session_plans",
     },
     "mysql": {
         # no RETURNING: read back what a statement changed, under a row lock

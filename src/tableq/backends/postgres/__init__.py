@@ -272,7 +272,7 @@ class PostgresBackend(SqlBackend):
         with self.map_errors():
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True)
             conn.execute(self.Q.session_time_zone)
-            conn.execute(self.Q.session_no_bitmap_scans)
+            conn.execute(self.Q.session_plans)
             conn.execute(self.Q.idle_transaction_limit, {"ms": self.transaction_idle_ms})
             if not self._checked:
                 version = conn.execute(self.Q.server_version).fetchone()[0]  # type: ignore[index]

@@ -2,6 +2,17 @@
 -- schema). Times come from the server clock: statement_timestamp(), stable within a statement
 -- (so index range scans can use it) and fresh in every statement of a long transaction,
 -- unlike now(), which is frozen at transaction start.
+--
+-- Two rules, and the sessions' planner settings (session_plans), keep the plans right when
+-- the statistics are wrong (0007_claim_index_due.sql): once the queue is drained VACUUM
+-- records message as empty, even while a held snapshot fills it with dead versions, so the
+-- planner costs a scan of all of it as one row. tests/test_stale_statistics.py checks them.
+--   - A statement that finds messages by id restricts message itself with `id = ANY(...)`,
+--     even where a join on id says the same: the scan is then a primary-key lookup of those
+--     ids, never a walk of an index that the join filters afterwards.
+--   - The claim index is partial: only a statement that compares available_at can use it.
+--     One that reads a topic through it and takes any due time says available_at >=
+--     '-infinity' (not IS NOT NULL, which PostgreSQL 17 drops on a NOT NULL column).
 
 -- name: server_version :one
 SELECT current_setting('server_version_num')::int AS version;
@@ -30,13 +41,22 @@ INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s);
 -- no conversion.
 SET TimeZone = 'UTC';
 
--- name: session_no_bitmap_scans :exec
--- Every connection the library opens: its statements walk an index in order or look rows up
--- by key, and a bitmap scan is never the better way. The planner cannot know that: the
--- statistics of a table that a held snapshot fills with dead row versions count few live
--- rows, and it then planned message_claim_floor as a bitmap over the whole range from the
--- floor and a sort (19 ms a claim against 1.5 ms).
-SET enable_bitmapscan = off;
+-- name: session_plans :exec
+-- Every connection the library opens plans without bitmap scans, nested loops and sequential
+-- scans (each stays available where nothing else can run a statement). Its statements walk
+-- an index in order or look rows up by key, and the planner cannot see that they are better:
+-- a queue's statistics are mostly wrong. Once drained, VACUUM records the table as empty,
+-- with or without the dead row versions a held snapshot keeps in it, and every estimate
+-- downstream becomes one row. Measured with such statistics:
+--   - bitmap scans: message_claim_floor became a bitmap over the whole range from the floor
+--     and a sort, 19 ms a claim against 1.5 ms;
+--   - nested loops: a claim's UPDATE of the rows it locked rescanned them once per row,
+--     18 s for a claim of 10,000 whose statement otherwise takes 0.2 s;
+--   - sequential scans: the same UPDATE, a thousand rows, read the table once per row.
+-- A plan that has to keep a disabled step costs more than 10^10, and JIT compiled it then:
+-- half a second a claim. So no JIT either (for statements of a few milliseconds it never pays).
+SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_nestloop', 'off', false),
+       set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false);
 
 -- name: idle_transaction_limit :exec
 -- Every connection the library opens: a transaction of it left idle (an exactly-once worker
@@ -251,7 +271,8 @@ COPY {schema}.message (id, topic, kind, payload, payload_bytes, headers, priorit
 -- name: message_find_keys :many
 SELECT m.id, m.topic, m.key FROM {schema}.message m
 JOIN unnest(%(topics)b::text[], %(keys)b::text[]) AS u(topic, key)
-  ON m.topic = u.topic AND m.key = u.key;
+  ON m.topic = u.topic AND m.key = u.key
+WHERE m.topic = ANY(%(topics)b::text[]) AND m.key = ANY(%(keys)b::text[]);
 
 -- name: message_claim :many
 -- SKIP LOCKED lets concurrent receivers pass over each other's rows instead of waiting.
@@ -267,6 +288,7 @@ WITH due AS (
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+      AND m.id = ANY(ARRAY(SELECT id FROM due WHERE attempts >= %(max_attempts)s))
     RETURNING m.*
 ), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
@@ -295,7 +317,7 @@ WITH due AS (
         received_at = statement_timestamp(),
         available_at = statement_timestamp() + make_interval(secs => %(vt)s)
     FROM ranked
-    WHERE m.id = ranked.id
+    WHERE m.id = ranked.id AND m.id = ANY(ARRAY(SELECT id FROM ranked))
     RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
               ranked.charged
 )
@@ -351,6 +373,7 @@ WITH first AS MATERIALIZED (
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+      AND m.id = ANY(ARRAY(SELECT id FROM due WHERE attempts >= %(max_attempts)s))
     RETURNING m.*
 ), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
@@ -379,7 +402,7 @@ WITH first AS MATERIALIZED (
         received_at = statement_timestamp(),
         available_at = statement_timestamp() + make_interval(secs => %(vt)s)
     FROM ranked
-    WHERE m.id = ranked.id
+    WHERE m.id = ranked.id AND m.id = ANY(ARRAY(SELECT id FROM ranked))
     RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
               ranked.charged
 )
@@ -420,6 +443,7 @@ WITH due AS (
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+      AND m.id = ANY(ARRAY(SELECT id FROM due WHERE attempts >= %(max_attempts)s))
     RETURNING m.*
 ), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
@@ -448,7 +472,7 @@ WITH due AS (
         received_at = statement_timestamp(),
         available_at = statement_timestamp() + make_interval(secs => %(vt)s)
     FROM ranked
-    WHERE m.id = ranked.id
+    WHERE m.id = ranked.id AND m.id = ANY(ARRAY(SELECT id FROM ranked))
     RETURNING m.*, ranked.priority AS due_priority, ranked.available_at AS due_at,
               ranked.charged
 )
@@ -474,6 +498,7 @@ WITH due AS (
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+      AND m.id = ANY(ARRAY(SELECT id FROM due WHERE attempts >= %(max_attempts)s))
     RETURNING m.*
 ), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
@@ -493,6 +518,7 @@ WITH due AS (
         available_at = statement_timestamp() + make_interval(secs => %(vt)s)
     FROM due
     WHERE m.id = due.id AND due.attempts < %(max_attempts)s
+      AND m.id = ANY(ARRAY(SELECT id FROM due WHERE attempts < %(max_attempts)s))
     RETURNING m.id, due.priority AS due_priority, due.available_at AS due_at
 )
 SELECT l.id, b.dead_lettered
@@ -539,6 +565,7 @@ WITH first AS MATERIALIZED (
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
+      AND m.id = ANY(ARRAY(SELECT id FROM due WHERE attempts >= %(max_attempts)s))
     RETURNING m.*
 ), dead_lettered AS (
     INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
@@ -558,6 +585,7 @@ WITH first AS MATERIALIZED (
         available_at = statement_timestamp() + make_interval(secs => %(vt)s)
     FROM due
     WHERE m.id = due.id AND due.attempts < %(max_attempts)s
+      AND m.id = ANY(ARRAY(SELECT id FROM due WHERE attempts < %(max_attempts)s))
     RETURNING m.id, due.priority, due.available_at AS due_at
 )
 SELECT l.id, l.priority, b.dead_lettered, m.*
@@ -580,7 +608,8 @@ WITH due AS (
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {schema}.message m USING due WHERE m.id = due.id RETURNING m.*;
+DELETE FROM {schema}.message m USING due
+WHERE m.id = due.id AND m.id = ANY(ARRAY(SELECT id FROM due)) RETURNING m.*;
 
 -- name: message_take_where :many
 -- message_take with the receive filter.
@@ -599,20 +628,21 @@ WITH due AS (
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {schema}.message m USING due WHERE m.id = due.id RETURNING m.*;
+DELETE FROM {schema}.message m USING due
+WHERE m.id = due.id AND m.id = ANY(ARRAY(SELECT id FROM due)) RETURNING m.*;
 
 -- name: message_ack :many
 -- Fenced on (id, lease): a stale lease matches nothing and changes nothing.
 DELETE FROM {schema}.message m
 USING unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
-WHERE m.id = a.id AND m.lease = a.lease
+WHERE m.id = a.id AND m.lease = a.lease AND m.id = ANY(%(ids)b::bigint[])
 RETURNING m.id;
 
 -- name: message_ack_retain :many
 WITH gone AS (
     DELETE FROM {schema}.message m
     USING unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
-    WHERE m.id = a.id AND m.lease = a.lease
+    WHERE m.id = a.id AND m.lease = a.lease AND m.id = ANY(%(ids)b::bigint[])
     RETURNING m.*
 )
 INSERT INTO {schema}.done (id, topic, key, kind, payload, payload_bytes, headers, priority,
@@ -647,7 +677,7 @@ UPDATE {schema}.message m
 SET attempts = GREATEST(m.attempts, a.attempts + 1),
     available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
 FROM unnest(%(ids)b::bigint[], %(leases)b::text[], %(attempts)b::int[]) AS a(id, lease, attempts)
-WHERE m.id = a.id AND m.lease = a.lease
+WHERE m.id = a.id AND m.lease = a.lease AND m.id = ANY(%(ids)b::bigint[])
 RETURNING m.id, m.attempts, m.available_at;
 
 -- name: message_extend :one
@@ -661,14 +691,15 @@ RETURNING available_at;
 UPDATE {schema}.message m
 SET available_at = statement_timestamp() + make_interval(secs => %(extend_s)s)
 FROM unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
-WHERE m.id = a.id AND m.lease = a.lease
+WHERE m.id = a.id AND m.lease = a.lease AND m.id = ANY(%(ids)b::bigint[])
 RETURNING m.id, m.available_at;
 
 -- name: done_match :many
 -- Acks whose earlier attempt committed (its reply was lost): the done table still has them.
 SELECT d.id FROM {schema}.done d
 JOIN unnest(%(ids)b::bigint[], %(leases)b::text[]) AS a(id, lease)
-  ON d.id = a.id AND d.lease = a.lease;
+  ON d.id = a.id AND d.lease = a.lease
+WHERE d.id = ANY(%(ids)b::bigint[]);
 
 -- name: dead_insert :exec
 INSERT INTO {schema}.dead (id, topic, key, kind, payload, payload_bytes, headers, priority,
@@ -689,7 +720,7 @@ FROM gone
 RETURNING id;
 
 -- name: message_peek :many
-SELECT * FROM {schema}.message WHERE topic = %(topic)s
+SELECT * FROM {schema}.message WHERE topic = %(topic)s AND available_at >= '-infinity'
   AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
 ORDER BY priority DESC, available_at, id LIMIT %(limit)s;
 
@@ -723,7 +754,7 @@ SELECT topic,
        extract(epoch FROM t.now - min(available_at) FILTER (WHERE available_at <= t.now))
            AS oldest_ready_age
 FROM {schema}.message, (SELECT statement_timestamp() AS now) t
-WHERE topic = %(topic)s
+WHERE topic = %(topic)s AND available_at >= '-infinity'
   AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
 GROUP BY topic, t.now;
 
@@ -751,11 +782,13 @@ GROUP BY m.topic, t.now;
 
 -- name: message_topic_after :one
 -- The next live topic after `after`, one claim-index probe (stats() walks the topics so).
-SELECT topic FROM {schema}.message WHERE topic > %(after)s ORDER BY topic LIMIT 1;
+SELECT topic FROM {schema}.message WHERE topic > %(after)s AND available_at >= '-infinity'
+ORDER BY topic LIMIT 1;
 
 -- name: message_priority_at_most :one
 -- A topic's highest priority at or below `at_most`, one claim-index probe.
-SELECT priority FROM {schema}.message WHERE topic = %(topic)s AND priority <= %(at_most)s
+SELECT priority FROM {schema}.message
+WHERE topic = %(topic)s AND priority <= %(at_most)s AND available_at >= '-infinity'
 ORDER BY priority DESC LIMIT 1;
 
 -- name: message_priority_head :one
@@ -789,7 +822,7 @@ SELECT topic, count(*) AS done FROM {schema}.done
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s) GROUP BY topic;
 
 -- name: message_purge :exec
-DELETE FROM {schema}.message WHERE topic = %(topic)s
+DELETE FROM {schema}.message WHERE topic = %(topic)s AND available_at >= '-infinity'
   AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'));
 
 -- name: dead_list :many
@@ -809,7 +842,7 @@ WITH moved AS (
     ON CONFLICT DO NOTHING
     RETURNING id, topic
 ), gone AS (
-    DELETE FROM {schema}.dead WHERE id IN (SELECT id FROM moved) RETURNING id
+    DELETE FROM {schema}.dead WHERE id = ANY(ARRAY(SELECT id FROM moved)) RETURNING id
 ), woke AS (
     SELECT {schema}.wake(topic, count(*)) AS woke FROM moved GROUP BY topic
 )
@@ -918,12 +951,15 @@ RETURNING topic, rows;
 
 -- name: load_part_drop :exec
 -- Every other open part of the job: failed or duplicate task attempts, or an aborted load.
--- With none (the usual commit) the join ends before touching message.
+-- With none (the usual commit) the arrays are empty and nothing of message is read.
 WITH dropped AS (
     UPDATE {schema}.load_part SET state = 'dropped' WHERE job = %(job)s AND state = 'open'
     RETURNING id, topic
 )
-DELETE FROM {schema}.message m USING dropped d WHERE m.topic = d.topic AND m.load_part = d.id;
+DELETE FROM {schema}.message
+WHERE topic = ANY(ARRAY(SELECT topic FROM dropped)) AND available_at >= '-infinity'
+  AND load_part = ANY(ARRAY(SELECT id FROM dropped))
+  AND (topic, load_part) IN (SELECT topic, id FROM dropped);
 
 -- name: load_notify :exec
 SELECT pg_notify(%(channel)s, json_build_object('topic', t.topic, 'n', t.n)::text)
