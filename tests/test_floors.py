@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,6 +19,7 @@ import tableq
 from tableq.backends.base import ClaimSpec
 from tableq.backends.postgres.floors import (
     HELD_AFTER_S,
+    LOOK_EVERY_S,
     START,
     WRITE_MARGIN_S,
     Floors,
@@ -29,9 +29,10 @@ from tableq.backends.postgres.floors import (
 from tableq.queue import backend_of
 from tableq.testing import wait_until
 from tableq.url import parse_url
-from tests.conftest import PG_URL, _conninfo_pg, make_url
+from tests.conftest import PG_URL, _conninfo_pg
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+WRITE_MARGIN_S_DELTA = timedelta(seconds=WRITE_MARGIN_S)
 SHORT_LEASE_S = 0.1
 
 
@@ -83,12 +84,32 @@ def test_plain_claims_look_at_the_horizon_once_in_a_while_and_floors_follow_it()
     assert not Floors(enabled=False).plan("t").check  # a test clock: never
 
 
+def test_floor_claims_read_the_horizon_once_in_a_while_and_go_on_from_the_last_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    floors = Floors()
+    floors.checked(Horizon(False, at(0), at(90), at(100)))
+    looking = floors.plan("t")
+    assert looking.look and looking.params()["look"] is True
+    clock[0] += LOOK_EVERY_S / 2
+    quiet = floors.plan("t")
+    assert not quiet.look and quiet.bound == looking.bound
+    # A claim that did not look brings no horizon (its columns are NULL): its floor still
+    # follows the rows it saw, capped by the bound an earlier look left.
+    meta = {"hidden": None, "oldest_snapshot": None, "oldest_write": None,
+            "claimed_at": at(101), "first_at": at(95), "first_id": 3}
+    floors.learn("t", quiet, meta, first_priority=0)
+    assert floors.held and floors.plan("t").floor == (0, (at(90) - WRITE_MARGIN_S_DELTA, 0))
+    clock[0] += LOOK_EVERY_S
+    later = floors.plan("t")
+    assert later.look
+    floors.learn("t", later, {**meta, "hidden": False, "claimed_at": at(102)},
+                 first_priority=0)  # the look finds the snapshot gone: floors off
+    assert not floors.held and floors.plan("t").floor is None
+
+
 # --- on a real server, beside a held snapshot --------------------------------------------
-
-
-@pytest.fixture
-def pg_url(tmp_path: Path) -> Iterator[str]:
-    yield from make_url("postgres", tmp_path)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ the whole batch."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,15 +19,10 @@ import tableq
 from tableq.backends.base import ClaimSpec
 from tableq.queue import backend_of
 from tableq.testing import wait_until
-from tests.conftest import PG_URL, _conninfo_pg, make_url
+from tests.conftest import PG_URL, _conninfo_pg
 
 BATCH = 2000
 TOPIC = "t"
-
-
-@pytest.fixture
-def pg_url(tmp_path: Path) -> Iterator[str]:
-    yield from make_url("postgres", tmp_path)
 
 
 @pytest.fixture(params=["drained", "drained beside a held snapshot"])

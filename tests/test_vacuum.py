@@ -8,8 +8,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -18,7 +16,7 @@ import tableq
 from tableq.backends.postgres.vacuum import DUTY, MIN_CHURN, RETRY_S, Swept, Vacuumer, vacuum_wait
 from tableq.testing import wait_until
 from tableq.url import parse_url
-from tests.conftest import PG_URL, _conninfo_pg, make_url
+from tests.conftest import PG_URL, _conninfo_pg
 
 BACKLOG = 2_000
 BATCH = 500
@@ -59,12 +57,6 @@ def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) ->
         assert "the database is away" in caplog.text
     finally:
         v.close()
-
-
-@pytest.fixture
-def pg_url(tmp_path: Path) -> Iterator[str]:
-    """A fresh PostgreSQL schema (skipped without a server, failed under CI=true)."""
-    yield from make_url("postgres", tmp_path)
 
 
 def _size(url: str) -> int:

@@ -334,7 +334,8 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 -- so the dead versions before it are walked once. The priorities above and below are read
 -- from their start, in delivery order, one after the other, each only as far as the LIMIT
 -- pulls it: the same rows, in the same order, as message_claim. The first row returned also
--- carries `first` and the horizon (floors.Horizon), for the next claim's floor.
+-- carries `first` and, when `look` (floors.LOOK_EVERY_S), the horizon (floors.Horizon), for
+-- the next claim's floor.
 WITH first AS MATERIALIZED (
     SELECT available_at, id FROM {schema}.message
     WHERE topic = %(topic)s AND priority = %(f_priority)s
@@ -369,7 +370,7 @@ WITH first AS MATERIALIZED (
     SELECT * FROM above UNION ALL SELECT * FROM level UNION ALL SELECT * FROM below
     LIMIT %(max)s
 ), horizon AS MATERIALIZED (
-    SELECT * FROM {schema}.horizon()
+    SELECT * FROM {schema}.horizon() WHERE %(look)s::boolean  -- not called unless it looks
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
@@ -561,7 +562,7 @@ WITH first AS MATERIALIZED (
     SELECT * FROM above UNION ALL SELECT * FROM level UNION ALL SELECT * FROM below
     LIMIT %(max)s
 ), horizon AS MATERIALIZED (
-    SELECT * FROM {schema}.horizon()
+    SELECT * FROM {schema}.horizon() WHERE %(look)s::boolean  -- not called unless it looks
 ), spent AS (
     DELETE FROM {schema}.message m USING due
     WHERE m.id = due.id AND due.attempts >= %(max_attempts)s
