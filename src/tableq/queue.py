@@ -502,7 +502,8 @@ class Queue:
             self._backend.message_dead_letter(row["id"], row["lease"],
                                               f"undecodable payload: {exc}", conn)
             return None
-        return self._message({**row, "payload": payload}, tx)
+        row["payload"] = payload  # the row is this claim's own: no copy
+        return self._message(row, tx)
 
     def _message(self, row: Row, tx: Any = None) -> Message:
         return Message(

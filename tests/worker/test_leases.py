@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -49,14 +50,20 @@ def lease_events(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     return [r.fields for r in caplog.records if getattr(r, "event", None) == "lease_lost"]
 
 
-def test_due_leases_are_extended_in_one_statement(q: tableq.Queue) -> None:
+@pytest.mark.parametrize("batched", [False, True], ids=["hold", "hold_many"])
+def test_due_leases_are_extended_in_one_statement(q: tableq.Queue, batched: bool) -> None:
     q.send_many("hb", list(range(20)))
+    sent = time.monotonic()
     msgs = q.receive("hb", max=20, visibility_timeout=0.6)
     spy = Spy(q)
     hb = Heartbeater(q)
     try:
-        for m in msgs:
-            hb.hold(m, 0.6)
+        if batched:  # as the worker's fetcher holds what one receive leased
+            hb.hold_many(msgs, 0.6, since=sent)
+            hb.hold_many([], 0.6, since=sent)
+        else:
+            for m in msgs:
+                hb.hold(m, 0.6)
         # Four beats of 0.2 s outlast the 0.6 s lease: only the extensions keep it.
         wait_until(lambda: len(spy.calls()) >= 4, timeout=10)
         assert q.stats("hb")[0].in_flight == 20

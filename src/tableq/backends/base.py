@@ -425,11 +425,13 @@ TIME_FIELDS = (
 
 
 def shape_row(
-    raw: Any, to_time: Callable[[Any], datetime], load_json: Callable[[Any], Any]
+    raw: Any, to_time: Callable[[Any], datetime], load_json: Callable[[Any], Any],
+    owned: bool = False,
 ) -> Row:
     """A driver row as a plain dict: times as aware UTC datetimes, JSON decoded, the payload
-    in one `payload` field (bytes when stored as bytes)."""
-    row = dict(raw)
+    in one `payload` field (bytes when stored as bytes). `owned`: raw is a dict no one else
+    reads, shaped in place instead of copied."""
+    row = raw if owned else dict(raw)
     for name in TIME_FIELDS:
         if row.get(name) is not None:
             row[name] = to_time(row[name])

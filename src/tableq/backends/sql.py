@@ -187,8 +187,8 @@ class SqlBackend(Backend):
     def _shaped(self, query: str, params: Params) -> list[Row]:
         return [self._row(r) for r in self._read_all(query, params)]
 
-    def _row(self, raw: Any) -> Row:
-        row = shape_row(raw, self._to_time, self._loads)
+    def _row(self, raw: Any, owned: bool = False) -> Row:
+        row = shape_row(raw, self._to_time, self._loads, owned)
         for name in _HELPER_COLUMNS:
             row.pop(name, None)
         return row  # a claimed row keeps "charged" (ClaimSpec.charge)

@@ -77,10 +77,12 @@ class Executor:
                     self._loop_thread.join(timeout=5)
                 self._loop = None
 
-    def run(self, fn: Callable[..., Any], arg: Any, timeout_s: float | None) -> Outcome:
-        """Calls fn(arg) (awaiting it if it is a coroutine function) within timeout_s."""
+    def run(self, fn: Callable[..., Any], arg: Any, timeout_s: float | None,
+            is_async: bool | None = None) -> Outcome:
+        """Calls fn(arg) (awaiting it if it is a coroutine function) within timeout_s.
+        is_async: inspect.iscoroutinefunction(fn), if the caller asked once already."""
         start = time.monotonic()
-        if inspect.iscoroutinefunction(fn):
+        if inspect.iscoroutinefunction(fn) if is_async is None else is_async:
             import asyncio
 
             fut = asyncio.run_coroutine_threadsafe(fn(arg), self._event_loop())
@@ -123,7 +125,7 @@ class Executor:
 def fn_result(value: Any, executor: Executor) -> Outcome | None:
     """A sync function that returned an awaitable (e.g. a lambda around a coroutine) is
     awaited on the executor's loop."""
-    if inspect.isawaitable(value):
+    if value is not None and inspect.isawaitable(value):
         import asyncio
 
         start = time.monotonic()

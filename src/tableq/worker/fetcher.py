@@ -124,9 +124,8 @@ class Fetcher:
             spec.topic, max=want, charge=min(want, lane.start_soon(want)), charge_last=0,
             visibility_timeout=spec.visibility_timeout_s, max_attempts=spec.max_attempts)
         self._health.ok()
-        heartbeater = self._settling.heartbeater
-        for m, _ in got:
-            heartbeater.hold(m, spec.visibility_timeout_s, since=sent)
+        self._settling.heartbeater.hold_many([m for m, _ in got], spec.visibility_timeout_s,
+                                             since=sent)
         return got, sent
 
     def _hand(self, lane: Lane, got: list[tuple[Message, bool]], leased_at: float,

@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tableq.message import Message
@@ -89,6 +89,24 @@ class Heartbeater:
             self._held[msg.id] = held
             self._schedule(held, start + heartbeat_interval(visibility_timeout_s)
                            - time.monotonic())
+            self._cond.notify()
+
+    def hold_many(self, msgs: Sequence[Message], visibility_timeout_s: float,
+                  since: float) -> None:
+        """hold() for a fetched batch, leased by one statement sent at `since`: one lock,
+        one schedule computation and one wake-up for all of them. (A hold() per message woke
+        this thread a thousand times per fetch of a thousand, each wake-up a turn on the GIL
+        taken from the fetch and the handlers.)"""
+        if not msgs:
+            return
+        until = since + visibility_timeout_s
+        with self._cond:
+            due_at = since + heartbeat_interval(visibility_timeout_s)
+            for msg in msgs:
+                held = _Held(msg, visibility_timeout_s, None, until)
+                self._held[msg.id] = held
+                held.due_seq = next(self._seq)
+                heapq.heappush(self._due, (due_at, held.due_seq, held))
             self._cond.notify()
 
     def refresh(self, msg: Message, since: float) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import itertools
 import logging
 import random
@@ -154,6 +155,7 @@ class Lane:
         self.spec = spec
         self._queue, self._health, self._settling = queue, health, settling
         self._executor, self._rng = executor, rng
+        self._fn_async = inspect.iscoroutinefunction(spec.fn)  # asked once, not per message
         self._worker_stop, self._slot_freed = stop, slot_freed
         self.cmin, self.cmax, self.prefetch = cmin, cmax, prefetch
         self.prefetch_wait_s = prefetch_wait_s
@@ -630,7 +632,7 @@ class Lane:
             if outcome.ok and isinstance(outcome.value, Outcome):
                 outcome = outcome.value  # the body reports the handler's own outcome
         else:
-            outcome = self._executor.run(spec.fn, handed, spec.timeout_s)
+            outcome = self._executor.run(spec.fn, handed, spec.timeout_s, self._fn_async)
         if outcome.status not in ("timeout", "outage"):
             self.record(outcome.duration_s)
         self._settling.settle(spec, msg, outcome, tracker)
