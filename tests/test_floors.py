@@ -32,7 +32,6 @@ from tableq.url import parse_url
 from tests.conftest import PG_URL, _conninfo_pg
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-WRITE_MARGIN_S_DELTA = timedelta(seconds=WRITE_MARGIN_S)
 SHORT_LEASE_S = 0.1
 
 
@@ -100,7 +99,8 @@ def test_floor_claims_read_the_horizon_once_in_a_while_and_go_on_from_the_last_b
     meta = {"hidden": None, "oldest_snapshot": None, "oldest_write": None,
             "claimed_at": at(101), "first_at": at(95), "first_id": 3}
     floors.learn("t", quiet, meta, first_priority=0)
-    assert floors.held and floors.plan("t").floor == (0, (at(90) - WRITE_MARGIN_S_DELTA, 0))
+    margin = timedelta(seconds=WRITE_MARGIN_S)
+    assert floors.held and floors.plan("t").floor == (0, (at(90) - margin, 0))
     clock[0] += LOOK_EVERY_S
     later = floors.plan("t")
     assert later.look

@@ -83,30 +83,26 @@ class Heartbeater:
              since: float | None = None) -> None:
         """Starts beating for msg. `since`: the monotonic time the receive was sent (its
         lease lasts at least visibility_timeout_s from then)."""
-        start = time.monotonic() if since is None else since
-        with self._cond:
-            held = _Held(msg, visibility_timeout_s, on_lost, start + visibility_timeout_s)
-            self._held[msg.id] = held
-            self._schedule(held, start + heartbeat_interval(visibility_timeout_s)
-                           - time.monotonic())
-            self._cond.notify()
+        self._hold([msg], visibility_timeout_s, on_lost,
+                   time.monotonic() if since is None else since)
 
     def hold_many(self, msgs: Sequence[Message], visibility_timeout_s: float,
                   since: float) -> None:
-        """hold() for a fetched batch, leased by one statement sent at `since`: one lock,
-        one schedule computation and one wake-up for all of them. (A hold() per message woke
-        this thread a thousand times per fetch of a thousand, each wake-up a turn on the GIL
-        taken from the fetch and the handlers.)"""
-        if not msgs:
-            return
-        until = since + visibility_timeout_s
+        """hold() for a fetched batch, leased by one statement sent at `since`: one lock and
+        one wake-up for all of them. (A hold() per message woke this thread a thousand times
+        per fetch of a thousand, each wake-up a turn on the GIL taken from the fetch and the
+        handlers.)"""
+        if msgs:
+            self._hold(msgs, visibility_timeout_s, None, since)
+
+    def _hold(self, msgs: Sequence[Message], visibility_timeout_s: float,
+              on_lost: Callable[[Message], None] | None, since: float) -> None:
+        due_at = since + heartbeat_interval(visibility_timeout_s)
         with self._cond:
-            due_at = since + heartbeat_interval(visibility_timeout_s)
             for msg in msgs:
-                held = _Held(msg, visibility_timeout_s, None, until)
+                held = _Held(msg, visibility_timeout_s, on_lost, since + visibility_timeout_s)
                 self._held[msg.id] = held
-                held.due_seq = next(self._seq)
-                heapq.heappush(self._due, (due_at, held.due_seq, held))
+                self._schedule_at(held, due_at)
             self._cond.notify()
 
     def refresh(self, msg: Message, since: float) -> None:
@@ -180,9 +176,12 @@ class Heartbeater:
         self._thread.join(timeout=5)
 
     def _schedule(self, held: _Held, after_s: float) -> None:
+        self._schedule_at(held, time.monotonic() + after_s)
+
+    def _schedule_at(self, held: _Held, due_at: float) -> None:
         # Caller holds self._cond. Rescheduling leaves the old heap entry behind, stale.
         held.due_seq = next(self._seq)
-        heapq.heappush(self._due, (time.monotonic() + after_s, held.due_seq, held))
+        heapq.heappush(self._due, (due_at, held.due_seq, held))
 
     def _current(self, held: _Held) -> bool:
         # Caller holds self._cond.
