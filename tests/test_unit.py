@@ -503,3 +503,31 @@ def test_with_owner_copies_every_field_and_sets_only_the_owner() -> None:
     for name in values:
         assert getattr(handed, name) is getattr(msg, name)
     assert handed == msg and handed._transaction is None
+
+
+def test_a_queue_builds_messages_field_by_field_from_rows(tmp_path: pathlib.Path) -> None:
+    """Queue._message passes Message's fields by position: each row column lands in the
+    field of its own name."""
+    from dataclasses import fields
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    row = dict(id=7, topic="t", key="k", kind="kd", payload={"a": [1]}, headers={"h": "v"},
+               priority=3, attempts=2, created_at=now, available_at=now + timedelta(1),
+               first_available_at=now + timedelta(2), lease="l", last_error="e",
+               progress={"p": 1}, received_at=now + timedelta(3))
+    q = tableq.connect(f"sqlite:///{tmp_path / 'q.db'}", migrate=True)
+    try:
+        tx = object()
+        msg = q._message(dict(row), tx)
+        assert {f.name for f in fields(msg)} == set(row) | {"_queue", "_transaction"}
+        for name, value in row.items():
+            assert getattr(msg, name) is value, name
+        assert msg._queue is q and msg._transaction is tx
+        bare = q._message({k: row[k] for k in ("id", "topic", "payload", "priority",
+                                                "attempts", "created_at", "available_at",
+                                                "first_available_at")})
+        assert (bare.key, bare.kind, bare.headers, bare.lease, bare.progress) == (
+            None, None, {}, None, None)
+    finally:
+        q.close()

@@ -199,14 +199,15 @@ class Settling:
             if self._exit_on_timeout:
                 self.restart_requested = True
                 self._stop()
-        decision = decide(succeeded=outcome.ok, attempts=msg.attempts,
-                          max_attempts=self._queue.max_attempts_for(msg.topic, spec.max_attempts),
-                          backoff=spec.retry, error=outcome.error, rng=self._rng)
         assert self._heartbeater is not None
         self._heartbeater.settling(msg)
-        if decision.action == "ack":
+        if outcome.ok:  # decide() acks every success: no retry policy to look up
             self._completer.ack(msg, outcome.duration_s)
-        elif decision.action == "retry":
+            return
+        decision = decide(succeeded=False, attempts=msg.attempts,
+                          max_attempts=self._queue.max_attempts_for(msg.topic, spec.max_attempts),
+                          backoff=spec.retry, error=outcome.error, rng=self._rng)
+        if decision.action == "retry":
             self._completer.settle(Settlement("nack", msg, delay_s=decision.delay_s,
                                               error=decision.error))
         else:
