@@ -35,6 +35,7 @@ from tableq.backends.base import (
     dead_row_values,
     filter_params,
     idempotency_record,
+    load_json_text,
     merge_stats,
     retrying,
     shape_row,
@@ -124,7 +125,7 @@ class SqlBackend(Backend):
 
     def _loads(self, value: Any) -> Any:
         """A JSON column's value as Python (drivers that decode JSON override this)."""
-        return json.loads(value) if value is not None else None
+        return load_json_text(value)
 
     @abstractmethod
     def _ids(self, ids: Sequence[int]) -> Any:

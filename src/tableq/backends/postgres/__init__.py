@@ -30,6 +30,7 @@ from tableq.backends.base import (
     as_rows,
     chunks,
     gather,
+    load_json_text,
 )
 from tableq.backends.postgres.errors import map_errors
 from tableq.backends.postgres.floors import PLAIN, Floors, Horizon
@@ -57,18 +58,6 @@ FLOOR_COLUMNS = ("nth", "first_at", "first_id", "hidden", "oldest_snapshot", "ol
 # is picked up within about that long of its commit).
 SETTLE_FIRST_S = 0.005
 SETTLE_MAX_S = 0.08
-
-
-_decode_json = json.JSONDecoder().decode
-
-
-def _load_json(data: str | bytes) -> Any:
-    """psycopg's json and jsonb loader on the library's sessions: json.loads over the bytes
-    as UTF-8 (which it would guess for PostgreSQL's output), without the guess, and the
-    empty object (most messages' headers) without the decoder. A claim decodes two values
-    per message."""
-    text = data.decode() if isinstance(data, bytes) else data
-    return {} if text == "{}" else _decode_json(text)
 
 
 def _scalars(m: NewMessage) -> dict[str, Any]:
@@ -284,7 +273,7 @@ class PostgresBackend(SqlBackend):
     def _connect(self) -> psycopg.Connection[Any]:
         with self.map_errors():
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True)
-            set_json_loads(_load_json, conn)
+            set_json_loads(load_json_text, conn)  # the one JSON text loader
             conn.execute(self.Q.session_time_zone)
             conn.execute(self.Q.session_plans)
             conn.execute(self.Q.idle_transaction_limit, {"ms": self.transaction_idle_ms})

@@ -5,6 +5,7 @@ JSON arrays (json_each)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -198,7 +199,7 @@ class SQLiteBackend(SqlBackend):
     # --- values -------------------------------------------------------------------------------
 
     def _to_time(self, value: Any) -> datetime:
-        return datetime.fromtimestamp(value, UTC)
+        return _utc(value)
 
     def _db_time(self, value: datetime | None) -> Any:
         return value.timestamp() if value is not None else None
@@ -276,12 +277,12 @@ class SQLiteBackend(SqlBackend):
             "ids": self._ids(ids), "vt": spec.visibility_timeout_s, "lease": spec.lease,
             "charged": self._ids([i for i, f in zip(ids, flags, strict=True) if f]),
         })
-        return _in_order(ids, [self._row(r) for r in raw])
+        return _in_order(ids, [self._row(r, owned=True) for r in raw])
 
     def _take(self, cur: Cursor, due: list[Row]) -> list[Row]:
         ids = [r["id"] for r in due]
         raw = self._all(cur, self.Q.message_take, {"ids": self._ids(ids)})
-        return _in_order(ids, [self._row(r) for r in raw])
+        return _in_order(ids, [self._row(r, owned=True) for r in raw])
 
     def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
                     conn: Any = None) -> set[int]:
@@ -345,3 +346,10 @@ def _in_order(ids: list[int], rows: list[Row]) -> list[Row]:
     """RETURNING gives rows in no promised order: put them back in delivery order."""
     order = {mid: i for i, mid in enumerate(ids)}
     return sorted(rows, key=lambda r: order[r["id"]])
+
+
+@functools.lru_cache(maxsize=4096)
+def _utc(seconds: float) -> datetime:
+    """Stored epoch seconds as an aware datetime (immutable, so shared). A claim's rows share
+    their lease's two times and a sent batch's rows their send times: most reads are hits."""
+    return datetime.fromtimestamp(seconds, UTC)
