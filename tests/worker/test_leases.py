@@ -74,6 +74,28 @@ def test_due_leases_are_extended_in_one_statement(q: tableq.Queue, batched: bool
                for extend, ids in spy.calls())
 
 
+def test_a_message_rescheduled_alone_leaves_its_batch_schedule(q: tableq.Queue) -> None:
+    """A member of a held batch rescheduled on its own (a confirm) is beaten on its own
+    schedule only: its entry from the batch is stale, not beaten as well."""
+    q.send_many("hb5", [1, 2, 3])
+    sent = time.monotonic()
+    msgs = q.receive("hb5", max=3, visibility_timeout=0.6)
+    spy = Spy(q)
+    hb = Heartbeater(q)
+    try:
+        hb.hold_many(msgs, 0.6, since=sent)
+        assert hb.confirm(msgs[0])
+        wait_until(lambda: len(spy.calls()) >= 7, timeout=10)
+        assert q.stats("hb5")[0].in_flight == 3
+    finally:
+        hb.close()
+    beats = [ids for _, ids in spy.calls()]
+    assert beats[0] == [msgs[0].id]  # the confirm's own extension
+    assert all(len(ids) == len(set(ids)) for ids in beats)
+    counts = [sum(m.id in ids for ids in beats[1:]) for m in msgs]
+    assert max(counts) - min(counts) <= 1, counts
+
+
 def test_each_visibility_timeout_gets_its_own_call(q: tableq.Queue) -> None:
     q.send_many("hb2", list(range(6)))
     short = q.receive("hb2", max=3, visibility_timeout=0.6)
