@@ -326,12 +326,12 @@ class MySQLBackend(SqlBackend):
         if spec.ids_only:
             return []
         rows = []
-        received_at, available_at = self._to_time(now), self._to_time(until)
         for r, f in zip(live, flags, strict=True):
-            row = self._row(r, owned=True)  # the lease's times and token are set here
-            row.update(lease=lease, attempts=r["attempts"] + f, received_at=received_at,
-                       available_at=available_at)
-            rows.append(row)
+            # The lease's token and times, set here, are shaped with the rest of the row
+            # (not the read values shaped, then replaced).
+            r.update(lease=lease, attempts=r["attempts"] + f, received_at=now,
+                     available_at=until)
+            rows.append(self._row(r, owned=True))
         return rows
 
     def _take(self, cur: Cursor, due: list[Row]) -> list[Row]:
