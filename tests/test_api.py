@@ -566,7 +566,7 @@ def test_stats_estimate_a_big_table(q: tableq.Queue) -> None:
 def test_public_queue_holds_user_operations_only(q: tableq.Queue) -> None:
     plumbing = {"stage_many", "publish_staged", "discard_staged", "cleanup_staged",
                 "staged_job_state", "receive_batch", "lease_batch", "leased_messages",
-                "ack_lease", "extend_lease", "history_bounds", "history", "delete_history",
+                "ack_lease", "extend_lease", "release_lease", "history_bounds", "history", "delete_history",
                 "save_token", "find_token", "list_tokens", "revoke_token", "idempotent",
                 "expire_idempotency", "backend", "kinds"}
     assert not plumbing & {n for n in dir(q) if not n.startswith("_")}
@@ -698,6 +698,24 @@ def test_group_lease_batch(q: tableq.Queue) -> None:
     for bad in [{"share": (2, 2)}, {"share": (0, 0)}, {"ids": (5, 1)}]:
         with pytest.raises(InvalidArgument):
             Bulk(q).leased_messages("g", "epoch-1:2", **bad)  # type: ignore[arg-type]
+
+
+def test_group_lease_given_back_unread(q: tableq.Queue) -> None:
+    """release_lease (a stream's batch leased ahead and never read): due now, no lease, the
+    claim's attempt refunded, the token free to lease other messages."""
+    q.send_many("gb", range(6))
+    b = Bulk(q)
+    ids = b.lease_batch("gb", "ep:2", max=4, visibility_timeout=600)
+    assert b.release_lease("gb", "ep:2", ids=(max(ids), max(ids))) == 1  # by id range
+    assert b.release_lease("gb", "ep:2") == 3 and b.release_lease("gb", "ep:2") == 0
+    s = q.stats("gb")[0]
+    assert (s.ready, s.in_flight) == (6, 0)
+    assert b.leased_messages("gb", "ep:2") == []
+    again = q.receive("gb", max=10)
+    assert sorted(m.payload for m in again) == list(range(6))
+    assert all(m.attempts == 1 for m in again)  # the given-back lease cost no attempt
+    for m in again:
+        m.ack()
 
 
 @pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)

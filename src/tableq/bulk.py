@@ -144,6 +144,13 @@ class Bulk:
             _group(topic, lease, ids), seconds("extend", extend, self.queue.visibility_timeout_s),
             within)
 
+    def release_lease(self, topic: str, lease: str, *,
+                      ids: tuple[int, int] | None = None) -> int:
+        """Gives back every message still held under the group lease, unread: due now, the
+        lease cleared and the attempt its claim charged refunded (the stream source's batch
+        leased ahead of Spark, when the query stops first). Returns how many."""
+        return backend_of(self.queue).lease_release(_group(topic, lease, ids))
+
     # --- snapshot reads of the history (the batch source and the archive pipeline) ---------
 
     def history_bounds(self, source: str, topic: str | None = None) -> tuple[int, int] | None:

@@ -7,6 +7,8 @@ query runs. Faults:
 - "commit": a batch write's commit() raises, so Spark aborts the load;
 - "exit-after-claim:<seq>": the stream source's process ends right after leasing batch <seq>,
   before Spark logged that offset (as if the driver died there);
+- "exit-after-prefetch:<seq>": the stream source's process ends right after leasing batch
+  <seq> ahead, in the background, while Spark runs the batch before it;
 - "exit-after-publish:<batchId>": the stream sink's commit process ends right after publishing
   batch <batchId>, before Spark logged its commit;
 - "archive-crash-after-write": the archive pipeline raises after writing its first source's
@@ -62,6 +64,9 @@ def hook(point: str, **ctx: Any) -> None:
     if point == "source.stream_leased" and fault == f"exit-after-claim:{ctx['seq']}":
         _fired().touch()
         os._exit(3)  # as if the driver died here: leased in the database, not in the log
+    if point == "source.stream_prefetched" and fault == f"exit-after-prefetch:{ctx['seq']}":
+        _fired().touch()
+        os._exit(3)  # the driver dies with a batch leased ahead, besides the one being run
     if point == "sink.stream_published" and fault == f"exit-after-publish:{ctx['batch_id']}":
         _fired().touch()
         os._exit(3)  # as if the driver died here: published, not in Spark's commit log

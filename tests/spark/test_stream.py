@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import functions as F
@@ -24,7 +25,7 @@ from tableq.testing import wait_until
 from ._faults import hook_env
 from .conftest import HERE, child_env, kill_driver
 
-N_STREAM = int(os.environ.get("TABLEQ_FAULT_SPARK_N", "150"))  # 10 micro-batches of 15
+N_STREAM = int(os.environ.get("TABLEQ_FAULT_SPARK_N", "180"))  # 12 micro-batches of 15
 BATCH = 15
 
 
@@ -49,6 +50,40 @@ def test_available_now_drains_and_stops(spark, any_url: str, tmp_path: Path) -> 
     q.close()
 
 
+@pytest.mark.parametrize("prefetch", ["true", "false"])
+def test_a_batch_leased_ahead_is_taken_over_by_the_restarted_query(
+        spark, any_url: str, tmp_path: Path, prefetch: str) -> None:
+    """With prefetch (the default) the next batch is leased while Spark runs the current
+    one. A query stopped with that batch leased is restarted on its checkpoint: it takes the
+    batch over at once (leaseSeconds is an hour) and every message arrives exactly once."""
+    q = tableq.connect(any_url, migrate=True)
+    q.send_many("ahead", [{"i": i} for i in range(100)])
+
+    def run(**trigger: Any) -> Any:  # type: ignore[no-untyped-def]
+        return (spark.readStream.format("tableq").option("url", any_url)
+                .option("topic", "ahead").option("maxRows", "10")
+                .option("leaseSeconds", "3600").option("prefetch", prefetch).load()
+                .select("payload", "key").writeStream.format("tableq")
+                .option("url", any_url).option("topic", "out").option("payloadFormat", "json")
+                .option("sinkName", "ahead").option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(**trigger).start())
+
+    query = run(processingTime="10 minutes")  # one batch now, then a pause
+    try:
+        wait_until(lambda: q.stats("out")[0].ready == 10, timeout=120)
+        leased = 20 if prefetch == "true" else 10  # the batch run (acked by the next) + ahead
+        wait_until(lambda: q.stats("ahead")[0].in_flight == leased, timeout=30)
+    finally:
+        query.stop()
+    again = run(availableNow=True)
+    again.awaitTermination(timeout=120)
+    assert not again.isActive, "the restarted query did not drain"
+    assert sorted(m.payload["i"] for m in q.peek("out", limit=1000)) == list(range(100))
+    s = q.stats("ahead")[0]
+    assert (s.ready, s.in_flight) == (0, 0), s
+    q.close()
+
+
 def test_max_rows_and_bad_stream_options(spark, tmp_path: Path) -> None:
     from pyspark.errors import AnalysisException, PySparkException
 
@@ -59,6 +94,9 @@ def test_max_rows_and_bad_stream_options(spark, tmp_path: Path) -> None:
             .option("maxRows", "lots").load()
     with pytest.raises((AnalysisException, PySparkException), match="'topic': is required"):
         spark.readStream.format("tableq").option("url", url).load()
+    with pytest.raises((AnalysisException, PySparkException), match="'prefetch': must be"):
+        spark.readStream.format("tableq").option("url", url).option("topic", "a") \
+            .option("prefetch", "sometimes").load()
 
 
 def _child(url: str, checkpoint: Path, log: Path, fault: str = "") -> subprocess.Popen[bytes]:
@@ -128,14 +166,16 @@ def _dies(child: subprocess.Popen[bytes], log: Path, fault: str) -> None:
 @pytest.mark.slow
 def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: str,
                                                                tmp_path: Path) -> None:
-    """One query, three deaths, one checkpoint, then a restart that drains:
+    """One query, four deaths, one checkpoint, then a restart that drains:
     1. kill -9 of the whole driver at a random moment (after a random number of published
        rows plus a random fraction of a batch, so it lands anywhere in planning, reading,
        staging or publishing);
     2. the restarted driver dies right after leasing a new batch, before Spark logged its
        offset: the next restart must take those leases over at once (leaseSeconds is 300,
        so waiting for them would fail the drain);
-    3. the restarted driver dies right after the sink published a batch, before Spark
+    3. the restarted driver dies right after leasing a batch ahead (option prefetch, on by
+       default) while Spark runs the batch before it;
+    4. the restarted driver dies right after the sink published a batch, before Spark
        logged its commit: the replay must publish nothing twice (the sink's job ledger).
     Then topic b holds every message of topic a exactly once."""
     url, n = any_url, N_STREAM
@@ -153,7 +193,7 @@ def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: s
         # deaths that follow (each needs a batch that really comes: at most one more batch is
         # published before the kill lands, and at most one is leased and unpublished).
         until = time.monotonic() + extra_s
-        while time.monotonic() < until and q.stats("b")[0].ready < n - 5 * BATCH:
+        while time.monotonic() < until and q.stats("b")[0].ready < n - 8 * BATCH:
             time.sleep(0.02)
     finally:
         kill_driver(child)
@@ -167,6 +207,13 @@ def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: s
     _dies(_child(url, ck, log, fault=claim), log, claim)
     orphaned = q.stats("a")[0].in_flight
     assert orphaned == BATCH, "the death should leave exactly the orphaned batch leased"
+    # Restarted, it takes those leases over, and dies right after leasing a batch ahead (the
+    # second or third it leases), while Spark runs the one before: the next restart must take
+    # the batch ahead over or give it back at once, not wait for leaseSeconds.
+    ahead = f"exit-after-prefetch:{_last_batch(ck) + 3 + rng.randint(0, 1)}"
+    _dies(_child(url, ck, log, fault=ahead), log, ahead)
+    a = q.stats("a")[0]
+    assert a.in_flight == 2 * BATCH, f"{ahead}: expected a batch run and a batch ahead, {a}"
     # The next batch always exists (the orphaned leases are taken over); one batch later only
     # if topic a still holds two batches' worth, else the driver would never get there.
     a = q.stats("a")[0]
@@ -180,7 +227,7 @@ def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: s
     assert _last_batch(ck, "commits") < publish_batch, "Spark logged the commit: no replay"
     _restart_and_drain(spark, url, ck)
     _check_exactly_once(q, n, f"kill -9 after {moved} rows (+ up to {extra_s:.2f} s), then "
-                              f"{claim} ({orphaned} left leased), then {publish}")
+                              f"{claim} ({orphaned} left leased), then {ahead}, then {publish}")
     q.close()
 
 

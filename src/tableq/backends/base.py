@@ -300,6 +300,10 @@ class Backend(ABC):
                      ending_within_s: float | None = None) -> int:
         """Sets the group's leases to end extend_s from now; with ending_within_s, only
         those that would end sooner than that from now. Returns how many it extended."""
+    @abstractmethod
+    def lease_release(self, group: GroupLease) -> int:
+        """Gives the group's messages back unread: due now, no lease, the attempt their
+        claim charged refunded. Returns how many."""
 
     # --- staged bulk loads (the Spark sink): invisible until published, all at once
     @abstractmethod

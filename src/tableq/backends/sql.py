@@ -536,6 +536,11 @@ class SqlBackend(Backend):
         self._churned(extended)
         return extended
 
+    def lease_release(self, group: GroupLease) -> int:
+        released = self._change(self.Q.lease_release, group.params())
+        self._churned(released)
+        return released
+
     # --- staged loads: the job row, then the dialect's rows (dialects with a stage table
     # for every row) -----------------------------------------------------------------------
 

@@ -216,6 +216,7 @@ class StreamOptions(_HasURL):
     num_partitions: int
     retention: bool
     max_attempts: int | None
+    prefetch: bool = True
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> StreamOptions:
@@ -231,4 +232,5 @@ class StreamOptions(_HasURL):
             num_partitions=_int(opts, "numPartitions", 1, high=1000) or 1,
             retention=_bool(opts, "retention", False),
             max_attempts=_int(opts, "maxAttempts", None),
+            prefetch=_bool(opts, "prefetch", True),
         )

@@ -11,7 +11,7 @@ import json.scanner
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,6 +274,15 @@ class LeasePart(InputPartition):
     ids: tuple[int, int] | None = None
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """Batch `seq` of `epoch`, being leased in the background (the prefetch option)."""
+
+    epoch: str
+    seq: int
+    future: Future[list[int]]
+
+
 def _seq(offset: dict[str, Any]) -> int:
     return int(offset["seq"])
 
@@ -302,6 +311,13 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._acked: tuple[str, int] | None = None
         self._first_claim = True
         self._budget: int | None = None
+        self._ahead: _Ahead | None = None
+        self._ahead_pool: ThreadPoolExecutor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark pickles the reader once for its read tasks: a batch leased ahead, and the
+        # thread that leases it, stay with the driver's instance.
+        return {**self.__dict__, "_ahead": None, "_ahead_pool": None}
 
     def _q(self) -> Any:
         return bulk_for(self.opts.url, retention=self.opts.retention)
@@ -346,25 +362,76 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._first_claim:
             # A previous driver may have leased this batch and died before Spark logged its
             # offset: those messages are already ours under the same token, so keep them.
+            # The batch it leased ahead (the one after) is given back, due now.
             self._first_claim = False
             held = [m.id for m in q.leased_messages(self.opts.topic, token)]
             if held:
                 q.extend_lease(self.opts.topic, token, self.opts.lease_seconds)
                 log.info("tableq.stream_orphans_reclaimed lease=%s messages=%d", token,
                          len(held))
+            self._give_back(q, f"{epoch}:{seq + 2}")
+        ahead = self._take_ahead(q, epoch, seq + 1)
         # AvailableNow: at most the messages that were ready when the run started.
-        room = max(0, want - len(held))
+        room = max(0, want - len(held) - len(ahead))
         if self._budget is not None:
             room = min(room, self._budget)
         claimed = self._claim(q, token, room)
         if self._budget is not None:
             self._budget -= len(claimed)
-        got = held + claimed
+        got = held + ahead + claimed
         if not got:
             return start
         # Leased in the database, not yet in Spark's offset log: tests kill the process here.
         point("source.stream_leased", topic=self.opts.topic, seq=seq + 1, rows=len(got))
+        self._lease_ahead(q, epoch, seq + 2, want)
         return {"epoch": epoch, "seq": seq + 1, "lo": min(got), "hi": max(got)}
+
+    def _lease_ahead(self, q: Any, epoch: str, seq: int, want: int) -> None:
+        """Starts leasing batch `seq` in the background while Spark runs the batch before it
+        (option prefetch): its claim then overlaps the reading instead of following it."""
+        room = want if self._budget is None else min(want, self._budget)
+        if not self.opts.prefetch or room <= 0:
+            return
+        token = f"{epoch}:{seq}"
+
+        def lease() -> list[int]:
+            ids = self._claim(q, token, room)
+            point("source.stream_prefetched", topic=self.opts.topic, seq=seq, rows=len(ids))
+            return ids
+
+        if self._ahead_pool is None:
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="tableq-ahead")
+        self._ahead = _Ahead(epoch, seq, self._ahead_pool.submit(lease))
+
+    def _take_ahead(self, q: Any, epoch: str, seq: int) -> list[int]:
+        """The ids leased ahead for batch `seq` ([] if none were), charged to the budget. A
+        batch leased ahead for another batch is given back; a lease ahead that failed is
+        found again by its token (a claim that failed may have leased some chunks)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return []
+        token = f"{ahead.epoch}:{ahead.seq}"
+        try:
+            ids = ahead.future.result()
+        except Exception as exc:  # noqa: BLE001 - recovered below, or raised from there
+            log.warning("tableq.stream_lease_ahead_failed lease=%s error=%s", token, exc)
+            ids = [m.id for m in q.leased_messages(self.opts.topic, token)]
+        if (ahead.epoch, ahead.seq) != (epoch, seq):
+            self._give_back(q, token, ids)
+            return []
+        if self._budget is not None:
+            self._budget -= len(ids)
+        return ids
+
+    def _give_back(self, q: Any, token: str, ids: list[int] | None = None) -> None:
+        if ids == []:
+            return
+        span = (min(ids), max(ids)) if ids else None
+        released = q.release_lease(self.opts.topic, token, ids=span)
+        if released:
+            log.info("tableq.stream_lease_given_back lease=%s messages=%d", token, released)
+            if self._budget is not None:
+                self._budget += released
 
     def _claim(self, q: Any, token: str, room: int) -> list[int]:
         """Leases up to `room` due messages under `token`, in chunks of CLAIM_CHUNK, up to
@@ -415,4 +482,26 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ack_through(end["epoch"], _seq(end), _ids(end))
 
     def stop(self) -> None:
+        self._give_back_ahead()
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=False)
         log.debug("tableq.stream_stopped topic=%s", self.opts.topic)
+
+    def _give_back_ahead(self) -> None:
+        """The batch leased ahead goes back, due now: Spark has not logged it (it does only
+        once latestOffset returns it), so no replay can ask for it. Only when the runner
+        calls stop(): pyspark 4.3 usually ends the process (SIGTERM) first, and then the
+        batch ahead, like the last batch run, stays leased until a restart takes it over
+        (latestOffset) or leaseSeconds runs out."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        token = f"{ahead.epoch}:{ahead.seq}"
+        ids: list[int] | None
+        try:
+            ids = ahead.future.result()
+        except Exception as exc:  # noqa: BLE001 - whatever it leased is given back below
+            log.warning("tableq.stream_lease_ahead_failed lease=%s error=%s", token, exc)
+            ids = None  # found by the token alone
+        self._give_back(self._q(), token, ids)
+

@@ -426,6 +426,13 @@ UPDATE {p}message SET available_at = UTC_TIMESTAMP(6) + INTERVAL %(extend_us)s M
 WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
   AND available_at < UTC_TIMESTAMP(6) + INTERVAL %(within_us)s MICROSECOND;
 
+-- name: lease_release :exec
+-- A group lease given back unread (the stream source's batch leased ahead of Spark): due now,
+-- its lease cleared (its token may be used again) and the attempt its claim charged refunded.
+UPDATE {p}message
+SET lease = NULL, attempts = GREATEST(attempts - 1, 0), available_at = UTC_TIMESTAMP(6)
+WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s;
+
 -- name: stage_insert :exec
 INSERT INTO {p}stage (job, part, topic, `key`, kind, payload, payload_bytes, headers, priority,
                       delay_s, at)

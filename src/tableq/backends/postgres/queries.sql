@@ -898,6 +898,20 @@ UPDATE {schema}.message SET available_at = statement_timestamp() + make_interval
 WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
   AND available_at < statement_timestamp() + make_interval(secs => %(within_s)s);
 
+-- name: lease_release :many
+-- A group lease given back unread (the stream source's batch leased ahead of Spark): due now,
+-- its lease cleared (its token may be used again) and the attempt its claim charged refunded;
+-- listening workers wake once, as for a send. One row per released message.
+WITH released AS (
+    UPDATE {schema}.message
+    SET lease = NULL, attempts = GREATEST(attempts - 1, 0), available_at = statement_timestamp()
+    WHERE id BETWEEN %(lo)s AND %(hi)s AND topic = %(topic)s AND lease = %(lease)s
+    RETURNING id
+), woke AS (
+    SELECT {schema}.wake(%(topic)s, count(*)) AS woke FROM released HAVING count(*) > 0
+)
+SELECT r.id FROM released r LEFT JOIN woke ON true;
+
 -- name: stage_copy :copy
 COPY {schema}.stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
                      delay_s, at) FROM STDIN;

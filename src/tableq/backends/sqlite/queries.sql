@@ -385,6 +385,14 @@ UPDATE {p}message SET available_at = (julianday('now') - 2440587.5) * 86400.0 + 
 WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease
   AND available_at < (julianday('now') - 2440587.5) * 86400.0 + :within_s;
 
+-- name: lease_release :exec
+-- A group lease given back unread (the stream source's batch leased ahead of Spark): due now,
+-- its lease cleared (its token may be used again) and the attempt its claim charged refunded.
+UPDATE {p}message
+SET lease = NULL, attempts = max(attempts - 1, 0),
+    available_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id BETWEEN :lo AND :hi AND topic = :topic AND lease = :lease;
+
 -- name: stage_insert :exec
 INSERT INTO {p}stage (job, part, topic, key, kind, payload, payload_bytes, headers, priority,
                       delay_s, at)
