@@ -282,6 +282,10 @@ class _Ahead:
     seq: int
     future: Future[list[int]]
 
+    @property
+    def token(self) -> str:
+        return f"{self.epoch}:{self.seq}"
+
 
 def _seq(offset: dict[str, Any]) -> int:
     return int(offset["seq"])
@@ -369,7 +373,9 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 q.extend_lease(self.opts.topic, token, self.opts.lease_seconds)
                 log.info("tableq.stream_orphans_reclaimed lease=%s messages=%d", token,
                          len(held))
-            self._give_back(q, f"{epoch}:{seq + 2}")
+            released = self._give_back(q, f"{epoch}:{seq + 2}")
+            if self._budget is not None:  # not ready when the budget was counted
+                self._budget += released
         ahead = self._take_ahead(q, epoch, seq + 1)
         # AvailableNow: at most the messages that were ready when the run started.
         room = max(0, want - len(held) - len(ahead))
@@ -405,33 +411,36 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _take_ahead(self, q: Any, epoch: str, seq: int) -> list[int]:
         """The ids leased ahead for batch `seq` ([] if none were), charged to the budget. A
-        batch leased ahead for another batch is given back; a lease ahead that failed is
-        found again by its token (a claim that failed may have leased some chunks)."""
+        batch leased ahead for another batch is given back."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return []
-        token = f"{ahead.epoch}:{ahead.seq}"
-        try:
-            ids = ahead.future.result()
-        except Exception as exc:  # noqa: BLE001 - recovered below, or raised from there
-            log.warning("tableq.stream_lease_ahead_failed lease=%s error=%s", token, exc)
-            ids = [m.id for m in q.leased_messages(self.opts.topic, token)]
+        ids = self._ahead_ids(q, ahead)
         if (ahead.epoch, ahead.seq) != (epoch, seq):
-            self._give_back(q, token, ids)
+            self._give_back(q, ahead.token, ids)
             return []
         if self._budget is not None:
             self._budget -= len(ids)
         return ids
 
-    def _give_back(self, q: Any, token: str, ids: list[int] | None = None) -> None:
+    def _ahead_ids(self, q: Any, ahead: _Ahead) -> list[int]:
+        """What the lease ahead took; if it failed, what its token holds (a claim that failed
+        may have leased some of its chunks)."""
+        try:
+            return ahead.future.result()
+        except Exception as exc:  # noqa: BLE001 - recovered here, or raised from here
+            log.warning("tableq.stream_lease_ahead_failed lease=%s error=%s", ahead.token, exc)
+            return [m.id for m in q.leased_messages(self.opts.topic, ahead.token)]
+
+    def _give_back(self, q: Any, token: str, ids: list[int] | None = None) -> int:
+        """Releases what `token` holds (within the span of `ids`, when known), unread."""
         if ids == []:
-            return
+            return 0
         span = (min(ids), max(ids)) if ids else None
-        released = q.release_lease(self.opts.topic, token, ids=span)
+        released: int = q.release_lease(self.opts.topic, token, ids=span)
         if released:
             log.info("tableq.stream_lease_given_back lease=%s messages=%d", token, released)
-            if self._budget is not None:
-                self._budget += released
+        return released
 
     def _claim(self, q: Any, token: str, room: int) -> list[int]:
         """Leases up to `room` due messages under `token`, in chunks of CLAIM_CHUNK, up to
@@ -494,14 +503,6 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         batch ahead, like the last batch run, stays leased until a restart takes it over
         (latestOffset) or leaseSeconds runs out."""
         ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return
-        token = f"{ahead.epoch}:{ahead.seq}"
-        ids: list[int] | None
-        try:
-            ids = ahead.future.result()
-        except Exception as exc:  # noqa: BLE001 - whatever it leased is given back below
-            log.warning("tableq.stream_lease_ahead_failed lease=%s error=%s", token, exc)
-            ids = None  # found by the token alone
-        self._give_back(self._q(), token, ids)
-
+        if ahead is not None:
+            q = self._q()
+            self._give_back(q, ahead.token, self._ahead_ids(q, ahead))
