@@ -566,9 +566,9 @@ def test_stats_estimate_a_big_table(q: tableq.Queue) -> None:
 def test_public_queue_holds_user_operations_only(q: tableq.Queue) -> None:
     plumbing = {"stage_many", "publish_staged", "discard_staged", "cleanup_staged",
                 "staged_job_state", "receive_batch", "lease_batch", "leased_messages",
-                "ack_lease", "extend_lease", "release_lease", "history_bounds", "history", "delete_history",
-                "save_token", "find_token", "list_tokens", "revoke_token", "idempotent",
-                "expire_idempotency", "backend", "kinds"}
+                "ack_lease", "extend_lease", "release_lease", "history_bounds", "history",
+                "delete_history", "save_token", "find_token", "list_tokens", "revoke_token",
+                "idempotent", "expire_idempotency", "backend", "kinds"}
     assert not plumbing & {n for n in dir(q) if not n.startswith("_")}
     assert all(hasattr(Bulk, n) for n in ("stage_many", "lease_batch", "delete_history"))
     assert q.where in repr(q) and "tableq.Queue" in repr(q)
