@@ -711,9 +711,15 @@ def test_group_lease_given_back_unread(q: tableq.Queue) -> None:
     s = q.stats("gb")[0]
     assert (s.ready, s.in_flight) == (6, 0)
     assert b.leased_messages("gb", "ep:2") == []
+    other = b.lease_batch("gb", "other:1", max=1, visibility_timeout=600)
+    reused = b.lease_batch("gb", "ep:2", max=2, visibility_timeout=600)  # the token again
+    assert sorted(m.id for m in b.leased_messages("gb", "ep:2")) == sorted(reused)
+    assert b.release_lease("gb", "ep:2") == 2  # the other lease is left alone
+    assert [m.id for m in b.leased_messages("gb", "other:1")] == other
+    assert b.release_lease("gb", "other:1") == 1
     again = q.receive("gb", max=10)
     assert sorted(m.payload for m in again) == list(range(6))
-    assert all(m.attempts == 1 for m in again)  # the given-back lease cost no attempt
+    assert all(m.attempts == 1 for m in again)  # the given-back leases cost no attempt
     for m in again:
         m.ack()
 

@@ -84,6 +84,47 @@ def test_a_batch_leased_ahead_is_taken_over_by_the_restarted_query(
     q.close()
 
 
+def test_a_restart_gives_back_the_batch_leased_ahead_of_an_unlogged_one(any_url: str) -> None:
+    """The driver side alone, deterministic: a reader leases batch 1 and, ahead, batch 2,
+    then dies before Spark logged batch 1. The restarted reader (AvailableNow, from offset
+    0) takes batch 1 over, gives batch 2 back (counting it in its budget) and drains the
+    topic: every message in exactly one batch, nothing left leased."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+    from pyspark.sql.types import StructType
+
+    from tableq.spark.options import StreamOptions
+    from tableq.spark.source import TableqStreamReader
+
+    q = tableq.connect(any_url, migrate=True)
+    sent = [m.id for m in q.send_many("ga", list(range(30)))]
+    opts = StreamOptions.parse({"url": any_url, "topic": "ga", "maxRows": "10"})
+    dead = TableqStreamReader(opts, StructType())
+    start = dead.initialOffset()
+    lost = dead.latestOffset(start, ReadMaxRows(10))
+    assert dead._ahead is not None
+    dead._ahead.future.result()
+    assert q.stats("ga")[0].in_flight == 20  # batch 1 and the batch ahead; then it dies
+
+    reader = TableqStreamReader(opts, StructType())
+    reader.prepareForTriggerAvailableNow()  # 10 ready
+    batches: list[list[int]] = []
+    offset = start
+    while True:
+        end = reader.latestOffset(offset, ReadMaxRows(10))
+        if end == offset:
+            break
+        lease = f"{end['epoch']}:{end['seq']}"
+        batches.append([m.id for m in Bulk(q).leased_messages("ga", lease,
+                                                               ids=(end["lo"], end["hi"]))])
+        offset = end
+    reader.stop()
+    assert (batches[0][0], batches[0][-1]) == (lost["lo"], lost["hi"])  # taken over
+    assert sorted(i for b in batches for i in b) == sorted(sent)
+    s = q.stats("ga")[0]
+    assert (s.ready, s.in_flight) == (0, 0), s
+    q.close()
+
+
 def test_max_rows_and_bad_stream_options(spark, tmp_path: Path) -> None:
     from pyspark.errors import AnalysisException, PySparkException
 

@@ -9,6 +9,7 @@ import json
 import json.encoder
 import json.scanner
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -281,6 +282,7 @@ class _Ahead:
     epoch: str
     seq: int
     future: Future[list[int]]
+    started: float  # time.monotonic() when its claim began
 
     @property
     def token(self) -> str:
@@ -407,7 +409,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         if self._ahead_pool is None:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="tableq-ahead")
-        self._ahead = _Ahead(epoch, seq, self._ahead_pool.submit(lease))
+        self._ahead = _Ahead(epoch, seq, self._ahead_pool.submit(lease), time.monotonic())
 
     def _take_ahead(self, q: Any, epoch: str, seq: int) -> list[int]:
         """The ids leased ahead for batch `seq` ([] if none were), charged to the budget. A
@@ -419,6 +421,12 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if (ahead.epoch, ahead.seq) != (epoch, seq):
             self._give_back(q, ahead.token, ids)
             return []
+        lease_s = self.opts.lease_seconds
+        if ids and time.monotonic() - ahead.started > lease_s * (1 - EXTEND_WHEN_LEFT):
+            # Leased a while ago (a long trigger interval): renewed before any read task
+            # reads it, as read() renews only in task 0.
+            q.extend_lease(self.opts.topic, ahead.token, lease_s, ids=(min(ids), max(ids)),
+                           ending_within=lease_s * EXTEND_WHEN_LEFT)
         if self._budget is not None:
             self._budget -= len(ids)
         return ids
