@@ -286,7 +286,12 @@ class _Ahead:
 
     @property
     def token(self) -> str:
-        return f"{self.epoch}:{self.seq}"
+        return _token(self.epoch, self.seq)
+
+
+def _token(epoch: str, seq: int) -> str:
+    """The lease token of micro-batch `seq` of `epoch`."""
+    return f"{epoch}:{seq}"
 
 
 def _seq(offset: dict[str, Any]) -> int:
@@ -350,7 +355,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first = max(1, seq - ACK_WINDOW_ON_START)
         acked = 0
         for s in range(first, seq + 1):
-            acked += q.ack_lease(self.opts.topic, f"{epoch}:{s}",
+            acked += q.ack_lease(self.opts.topic, _token(epoch, s),
                                  ids=ids if s == seq else None)
         if acked:
             log.debug("tableq.stream_acked topic=%s through=%s:%d messages=%d",
@@ -362,7 +367,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         epoch, seq = start["epoch"], _seq(start)
         self._ack_through(epoch, seq, _ids(start))
         want = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_rows
-        token = f"{epoch}:{seq + 1}"
+        token = _token(epoch, seq + 1)
         q = self._q()
         held: list[int] = []  # ids
         if self._first_claim:
@@ -375,7 +380,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 q.extend_lease(self.opts.topic, token, self.opts.lease_seconds)
                 log.info("tableq.stream_orphans_reclaimed lease=%s messages=%d", token,
                          len(held))
-            released = self._give_back(q, f"{epoch}:{seq + 2}")
+            released = self._give_back(q, _token(epoch, seq + 2))
             if self._budget is not None:  # not ready when the budget was counted
                 self._budget += released
         ahead = self._take_ahead(q, epoch, seq + 1)
@@ -400,7 +405,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         room = want if self._budget is None else min(want, self._budget)
         if not self.opts.prefetch or room <= 0:
             return
-        token = f"{epoch}:{seq}"
+        token = _token(epoch, seq)
 
         def lease() -> list[int]:
             ids = self._claim(q, token, room)
@@ -477,7 +482,7 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         hi = _seq(end)
         lo = _seq(start) if start.get("epoch") == end.get("epoch") else hi - 1
-        return [LeasePart(self.opts.url, self.opts.topic, f"{end['epoch']}:{s}", k,
+        return [LeasePart(self.opts.url, self.opts.topic, _token(end["epoch"], s), k,
                           self.opts.num_partitions, self.opts.lease_seconds,
                           _ids(end) if s == hi else None)
                 for s in range(lo + 1, hi + 1) for k in range(self.opts.num_partitions)]
@@ -499,18 +504,14 @@ class TableqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ack_through(end["epoch"], _seq(end), _ids(end))
 
     def stop(self) -> None:
-        self._give_back_ahead()
-        if self._ahead_pool is not None:
-            self._ahead_pool.shutdown(wait=False)
-        log.debug("tableq.stream_stopped topic=%s", self.opts.topic)
-
-    def _give_back_ahead(self) -> None:
-        """The batch leased ahead goes back, due now: Spark has not logged it (it does only
-        once latestOffset returns it), so no replay can ask for it. Only when the runner
-        calls stop(): pyspark 4.3 usually ends the process (SIGTERM) first, and then the
-        batch ahead, like the last batch run, stays leased until a restart takes it over
-        (latestOffset) or leaseSeconds runs out."""
+        # The batch leased ahead goes back, due now: Spark has not logged it (it does only
+        # once latestOffset returns it), so no replay can ask for it. pyspark 4.3 usually
+        # ends this process (SIGTERM) before calling stop(); then the batch ahead, like the
+        # last batch run, stays leased until a restart takes it over or leaseSeconds runs out.
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             q = self._q()
             self._give_back(q, ahead.token, self._ahead_ids(q, ahead))
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=False)
+        log.debug("tableq.stream_stopped topic=%s", self.opts.topic)
