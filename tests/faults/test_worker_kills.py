@@ -20,6 +20,7 @@ from workerfaults import (
     dead_without_a_run,
     deliveries_by_value,
     forbidden_lines,
+    lease_lapses,
     n_faults,
     n_messages,
     prefill,
@@ -131,12 +132,15 @@ def test_f2_f11_kills_at_precise_points(fault_db, tmp_path):
 
 def test_w1_poison_dead_lettered_after_exactly_max_attempts(fault_db, tmp_path):
     """W1: handlers that always raise are dead-lettered after exactly max_attempts runs,
-    with the last run's error; everything else is processed; no crash loop."""
+    with the last run's error; everything else is processed; no crash loop. An attempt may
+    go without a run only where the worker's log shows that message's lease lost (a lease
+    that ran out before its handler started counts, as a receive does in SQS); the lease is
+    long (nothing here needs one to run out), so that takes a stall of seconds."""
     db, n, max_attempts = fault_db, n_messages(200), 4
     prepare(db)
     poison = [f"alo-{i}" for i in range(0, n, 20)] + [f"eo-{i}" for i in range(7, n, 20)]
     prefill(db, tmp_path, ["alo", "eo"], n)
-    fleet = Fleet(db, tmp_path, {"FAULT_VT_S": "2", "FAULT_SLEEP_S": "0.002",
+    fleet = Fleet(db, tmp_path, {"FAULT_VT_S": "10", "FAULT_SLEEP_S": "0.002",
                                  "FAULT_POISON": ",".join(poison), "FAULT_RETRY_S": "0.1",
                                  "FAULT_MAX_ATTEMPTS": str(max_attempts)},
                   slots=[["--burst"]])
@@ -148,22 +152,29 @@ def test_w1_poison_dead_lettered_after_exactly_max_attempts(fault_db, tmp_path):
         fleet.kill_all()
     assert code == 0
     runs = deliveries_by_value(tmp_path)
+    short: Counter[str] = Counter()  # per topic: dead letters with an attempt lost to a lapse
     q = db.queue()
     try:
         for topic in ("alo", "eo"):
+            lapsed = lease_lapses(tmp_path, topic)
             for d in q.dead_letters(topic, limit=10_000):
                 v = d.payload["v"]
                 assert v in poison
-                assert d.attempts == max_attempts and len(runs[v]) == max_attempts, (v, d)
+                unrun = max_attempts - len(runs[v])
+                assert d.attempts == max_attempts and 0 <= unrun <= lapsed[d.id], (
+                    v, d, runs[v], f"{lapsed[d.id]} lease(s) lost")
                 assert d.error is not None and f"failed on attempt {max_attempts}" in d.error
+                short[topic] += unrun > 0
     finally:
         q.close()
     for topic in ("alo", "eo"):
         p = [v for v in poison if v.startswith(topic)]
+        lapses = f" ({short[topic]} a run short: a lease lost before the start)" \
+            if short[topic] else ""
         result = collect("W1", db, tmp_path, topic,
                          faults=[Fault("poison message", math.inf, math.inf)] * len(p),
-                         note=f"each dead-lettered after exactly {max_attempts} runs, last "
-                              "error kept")
+                         note=f"each dead-lettered after exactly {max_attempts} runs{lapses}, "
+                              "last error kept")
         report(result)
         assert result.dead == len(p)
 

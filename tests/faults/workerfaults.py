@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -454,6 +455,15 @@ def dead_without_a_run(db: FaultDB, workdir: Path, topic: str) -> list[str]:
                 if d.payload["v"] not in runs and d.id not in received]
     finally:
         q.close()
+
+
+def lease_lapses(workdir: Path, topic: str) -> Counter[int]:
+    """How often each message of `topic` (by id) lost its lease, by the workers' logs: an
+    attempt whose lease ran out before its handler started is spent without a run (the
+    lease's holder was too slow to extend it, e.g. a disk stall holding SQLite's lock)."""
+    return Counter(int(i) for log in sorted(workdir.glob("worker-*.log"))
+                   for i in re.findall(rf" lease_lost topic={re.escape(topic)} id=(\d+) ",
+                                       log.read_text(errors="replace")))
 
 
 def deliveries_by_value(workdir: Path) -> dict[str, list[dict[str, Any]]]:
