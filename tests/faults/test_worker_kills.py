@@ -21,6 +21,7 @@ from workerfaults import (
     deliveries_by_value,
     forbidden_lines,
     lease_lapses,
+    log_lines,
     n_faults,
     n_messages,
     prefill,
@@ -162,7 +163,7 @@ def test_w1_poison_dead_lettered_after_exactly_max_attempts(fault_db, tmp_path):
                 assert v in poison
                 unrun = max_attempts - len(runs[v])
                 assert d.attempts == max_attempts and 0 <= unrun <= lapsed[d.id], (
-                    v, d, runs[v], f"{lapsed[d.id]} lease(s) lost")
+                    v, d, runs[v], log_lines(tmp_path, topic, d.id))
                 assert d.error is not None and f"failed on attempt {max_attempts}" in d.error
                 short[topic] += unrun > 0
     finally:

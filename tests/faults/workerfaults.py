@@ -466,6 +466,13 @@ def lease_lapses(workdir: Path, topic: str) -> Counter[int]:
                                        log.read_text(errors="replace")))
 
 
+def log_lines(workdir: Path, topic: str, msg_id: int) -> list[str]:
+    """The workers' log lines about one message (for a failed assertion's message)."""
+    mark = f" topic={topic} id={msg_id} "
+    return [line for log in sorted(workdir.glob("worker-*.log"))
+            for line in log.read_text(errors="replace").splitlines() if mark in line]
+
+
 def deliveries_by_value(workdir: Path) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for r in read_records(sorted(workdir.glob("deliver-*.jsonl"))):
