@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -605,6 +606,22 @@ def test_staged_load_is_invisible_until_published_and_idempotent(q: tableq.Queue
     Bulk(q).stage_many("job-3", 0, "bulk", [1])
     assert Bulk(q).cleanup_staged(older_than=0) == 1
     assert q.stats("bulk")[0].live == 8
+
+
+def test_staged_json_texts_arrive_as_their_values(q: tableq.Queue) -> None:
+    """stage_json (the Spark sink's bulk path): texts that need COPY escapes or are not ASCII
+    arrive as the values they encode; a text with a NUL or beyond the size limit is refused
+    with its own error and stages nothing."""
+    texts = ['{"s":"a\\\\b\\n"}', '{\n\t"t": "é"}', '"\\u00e9\\t"', "[1,2.5,null]",
+             '{"u":"\\\\u0000"}']
+    assert Bulk(q).stage_json("job-t", 0, "texts", texts) == 5
+    with pytest.raises(tableq.PayloadInvalid):
+        Bulk(q).stage_json("job-t", 1, "texts", ['{"n":"\\u0000"}'])
+    with pytest.raises(tableq.PayloadTooLarge):
+        Bulk(q).stage_json("job-t", 1, "texts", ['"' + "x" * q.max_payload_bytes + '"'])
+    assert Bulk(q).stage_json("job-t", 2, "texts", []) == 0
+    assert Bulk(q).publish_staged("job-t", [0, 1], expected_rows=5) == 5
+    assert [m.payload for m in q.peek("texts", limit=10)] == [json.loads(t) for t in texts]
 
 
 def test_staged_rows_are_hidden_from_every_reader_until_published(q: tableq.Queue) -> None:

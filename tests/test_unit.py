@@ -12,7 +12,14 @@ import tableq
 from tableq.backends._queries import parse_named, split_statements
 from tableq.backends.base import NewMessage
 from tableq.backends.postgres import PostgresBackend
-from tableq.codecs import EncodedJson, JsonText, KindRegistry, encode_payload, encode_payloads
+from tableq.codecs import (
+    EncodedJson,
+    JsonText,
+    KindRegistry,
+    encode_payload,
+    encode_payloads,
+    encode_texts,
+)
 from tableq.errors import DuplicateMessage, InvalidURL, PayloadInvalid, PayloadTooLarge
 from tableq.names import check_topic, check_where
 from tableq.queue import dedupe_batch, seconds
@@ -429,6 +436,48 @@ def test_bulk_encoding_gives_what_one_by_one_encoding_gives(payload: object) -> 
             return type(exc)
 
     assert bulk(payload) == one(payload)
+
+
+ENCODED_TEXTS = [
+    ['{"n":1}', '{"s":"a"}'], ['{"s":"é"}', "1"], ['{"s":"\\u0000"}'], ['{"s":"\\\\u0000"}'],
+    ['{"s":"' + "y" * 80 + '"}', "2"], ['{"s":"\\ud800"}'], ['"a\\u00', '00"'], [],
+]
+
+
+@pytest.mark.parametrize("texts", ENCODED_TEXTS, ids=range(len(ENCODED_TEXTS)))
+def test_encoding_texts_gives_what_encoded_json_gives(texts: list[str]) -> None:
+    """encode_texts checks a batch of tableq-made JSON texts at once: the same results, or
+    the same error, as EncodedJson through encode_payloads."""
+    def result(fn: object) -> object:
+        try:
+            return [tuple(e) for e in fn()]  # type: ignore[operator]
+        except tableq.TableqError as exc:
+            return type(exc)
+
+    assert result(lambda: encode_texts(texts, 64)) == result(
+        lambda: encode_payloads([EncodedJson(t) for t in texts], 64))
+
+
+COPY_PAYLOADS = [
+    [('{"a":1}', None)], [('{"a":"x\\\\y"}', None), ('{\n "b":\t2}\r', None), ('"é"', None)],
+    [('{"a":1}', None), (None, b"\x00\x01")], [("raw\0nul", None), ("1", None)], [],
+]
+
+
+@pytest.mark.parametrize("payloads", COPY_PAYLOADS, ids=range(len(COPY_PAYLOADS)))
+def test_copy_text_frames_a_block_as_row_by_row(payloads: list[tuple[str | None, bytes | None]],
+                                               ) -> None:
+    """copy_text escapes and frames JSON texts as one block: the same COPY text as framing
+    each row on its own, escapes (backslash, tab, newline, carriage return) included."""
+    from tableq.backends.base import NewMessage
+    from tableq.backends.postgres import _copy_field, _copy_payload, copy_text
+
+    t = NewMessage(topic="a\tb", key=None, kind=None, json_text=None, data=None,
+                   headers_json='{"h":"x\\\\y"}', priority=3, delay_s=0.0, at=None)
+    head = f"{_copy_field(t.topic)}\t{_copy_field(t.kind)}\t"
+    tail = f"\t{_copy_field(t.headers_json)}\t{t.priority}\t7\n"
+    assert copy_text(7, t, payloads) == "".join(
+        head + _copy_payload(text, data) + tail for text, data in payloads)
 
 
 def test_no_assert_inside_worker_handlers() -> None:

@@ -222,6 +222,16 @@ class RowMapper:
         self.plan, self.opts = plan, opts
         self.columns = {name for name, _ in plan}
 
+    def json_texts(self, batch: Any) -> tuple[str, list[str]] | None:
+        """(topic, the payloads as JSON texts) when the rows are bare payloads for the `topic`
+        option (no other column) in a struct of plain fields: a bulk load's common case,
+        staged without an item per row. None otherwise: items() then."""
+        dt, topic = dict(self.plan)["payload"], self.opts.topic
+        if self.columns != {"payload"} or topic is None or not isinstance(dt, StructType):
+            return None
+        texts = _struct_json(batch.column("payload"), dt)
+        return None if texts is None else (topic, texts)
+
     def payloads(self, batch: Any) -> list[Any]:
         """The payload column as values stage_many takes: JSON text built column-wise for
         structs of plain fields, converted values otherwise."""
@@ -294,14 +304,18 @@ def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: 
     mapper = RowMapper(plan, opts)
     rows = 0
     for batch in batches:
-        for topic, items in mapper.items(batch).items():
-            kinds = ({it["kind"] for it in items if "kind" in it}
-                     if "kind" in mapper.columns else set())
-            if kinds:
-                ensure_kinds(q, kinds)
-            # One short transaction per Arrow batch: staged rows are invisible anyway, and
-            # SQLite's single writer lock is not held across a whole task.
-            rows += q.stage_many(job, part, topic, items, on_duplicate=opts.on_duplicate)
+        # One short transaction per Arrow batch (and topic): staged rows are invisible
+        # anyway, and SQLite's single writer lock is not held across a whole task.
+        texts = mapper.json_texts(batch)
+        if texts is not None:
+            rows += q.stage_json(job, part, *texts)
+        else:
+            for topic, items in mapper.items(batch).items():
+                kinds = ({it["kind"] for it in items if "kind" in it}
+                         if "kind" in mapper.columns else set())
+                if kinds:
+                    ensure_kinds(q, kinds)
+                rows += q.stage_many(job, part, topic, items, on_duplicate=opts.on_duplicate)
         # Staged but not reported to the driver: tests fail the task attempt here.
         point("sink.task_staged", job=job, part=part, partition=partition, rows=rows,
               attempt=ctx.attemptNumber() if ctx is not None else None)
