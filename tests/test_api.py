@@ -565,7 +565,7 @@ def test_stats_estimate_a_big_table(q: tableq.Queue) -> None:
 
 
 def test_public_queue_holds_user_operations_only(q: tableq.Queue) -> None:
-    plumbing = {"stage_many", "publish_staged", "discard_staged", "cleanup_staged",
+    plumbing = {"stage_many", "stage_json", "publish_staged", "discard_staged", "cleanup_staged",
                 "staged_job_state", "receive_batch", "lease_batch", "leased_messages",
                 "ack_lease", "extend_lease", "release_lease", "history_bounds", "history",
                 "delete_history", "save_token", "find_token", "list_tokens", "revoke_token",
