@@ -319,8 +319,7 @@ def encode_payloads(payloads: list[Any], limit: int,
     return out
 
 
-def encode_texts(texts: list[str], limit: int,
-                 kind: str | None = None) -> list[tuple[str | None, bytes | None]]:
+def encode_texts(texts: list[str], limit: int) -> list[tuple[str | None, bytes | None]]:
     """encode_payloads for JSON texts made by tableq's own encoders (what EncodedJson marks
     one by one): the same results and errors, checked in one pass over the whole batch when
     it is ASCII, within the limit and free of NUL (a bulk load's common case), else text by
@@ -329,7 +328,7 @@ def encode_texts(texts: list[str], limit: int,
     if (block.isascii() and "\\u0000" not in block
             and (not texts or max(map(len, texts)) <= limit)):
         return list(zip(texts, itertools.repeat(None)))
-    return [_sized(str(t), limit, kind) for t in texts]
+    return [_sized(t, limit, None) for t in texts]
 
 
 def _sized(text: str, limit: int, kind: str | None) -> Encoded:

@@ -93,7 +93,7 @@ def test_a_restart_gives_back_the_batch_leased_ahead_of_an_unlogged_one(any_url:
     from pyspark.sql.types import StructType
 
     from tableq.spark.options import StreamOptions
-    from tableq.spark.source import TableqStreamReader
+    from tableq.spark.source import TableqStreamReader, _token
 
     q = tableq.connect(any_url, migrate=True)
     sent = [m.id for m in q.send_many("ga", list(range(30)))]
@@ -113,7 +113,7 @@ def test_a_restart_gives_back_the_batch_leased_ahead_of_an_unlogged_one(any_url:
         end = reader.latestOffset(offset, ReadMaxRows(10))
         if end == offset:
             break
-        lease = f"{end['epoch']}:{end['seq']}"
+        lease = _token(end["epoch"], end["seq"])
         batches.append([m.id for m in Bulk(q).leased_messages("ga", lease,
                                                                ids=(end["lo"], end["hi"]))])
         offset = end

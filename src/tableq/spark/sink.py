@@ -306,9 +306,9 @@ def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: 
     for batch in batches:
         # One short transaction per Arrow batch (and topic): staged rows are invisible
         # anyway, and SQLite's single writer lock is not held across a whole task.
-        texts = mapper.json_texts(batch)
-        if texts is not None:
-            rows += q.stage_json(job, part, *texts)
+        bare = mapper.json_texts(batch)
+        if bare is not None:
+            rows += q.stage_json(job, part, *bare)
         else:
             for topic, items in mapper.items(batch).items():
                 kinds = ({it["kind"] for it in items if "kind" in it}
