@@ -115,6 +115,50 @@ def test_ack_after_expiry_but_before_redelivery_still_succeeds(q: tableq.Queue) 
     assert q.stats("l2")[0].live == 0
 
 
+def test_one_claim_of_many_rows_returns_every_field_as_stored(q: tableq.Queue) -> None:
+    """An unfiltered claim (MariaDB reads it packed into one JSON text) returns each row's
+    fields exactly as a peek reads them: awkward keys, kinds and texts, bytes, headers, the
+    last error and the saved progress, in delivery order."""
+    q._kinds.strict = False
+    names = ["'; --", '"\\', "%s", "emoji 🎉", "ünï", "a" * 200]
+    texts = ["tab\there", "\x01ctl\x1f", "line\nbreak", "nul \\u0000", "é😀", ""]
+    for i, (name, text) in enumerate(zip(names, texts, strict=True)):
+        q.send("f", {"i": i, "s": text}, key=name, kind=name[:100], headers={"h": text},
+               priority=i % 3)
+    q.send("f", b"\x00\xff\"raw", key="bytes", delay=0)
+    (first,) = q.receive("f")
+    first = first.heartbeat(extend=60, progress={"step": first.key})
+    first.nack(error="boom\n\"quoted\" ✓")
+    peeked = {m.id: m for m in q.peek("f", limit=20)}
+    got = q.receive("f", max=20, visibility_timeout=60)
+    assert [m.id for m in got] == [m.id for m in sorted(
+        peeked.values(), key=lambda m: (-m.priority, m.available_at, m.id))]
+    for m in got:
+        p = peeked[m.id]
+        assert (m.topic, m.key, m.kind, m.payload, m.headers, m.priority, m.created_at,
+                m.last_error, m.progress) == (p.topic, p.key, p.kind, p.payload, p.headers,
+                                              p.priority, p.created_at, p.last_error,
+                                              p.progress)
+        assert m.lease and m.attempts == p.attempts + 1
+    assert {m.key for m in got} == {*names, "bytes"}
+    assert peeked[first.id].last_error == "boom\n\"quoted\" ✓"
+    assert peeked[first.id].progress == {"step": first.key}
+    assert [m.payload for m in got if m.key == "bytes"] == [b"\x00\xff\"raw"]
+
+
+def test_a_claim_bigger_than_a_packet_returns_every_row(q: tableq.Queue) -> None:
+    """1,000 messages of 20 KB in one claim (20 MB, beyond MariaDB's default packet and so
+    beyond a packed claim's text): every row arrives, in order."""
+    big = "x" * 20_000
+    ids = q.send_many("big", [{"n": i, "s": big} for i in range(1000)])
+    got = q.receive("big", max=1000, visibility_timeout=60)
+    assert [m.id for m in got] == [s.id for s in ids]
+    assert [m.payload["n"] for m in got] == list(range(1000))
+    assert all(m.payload["s"] == big for m in got)
+    q.ack_many(got)
+    assert q.stats("big")[0].live == 0
+
+
 def test_heartbeat_extends_lease_and_saves_progress(q: tableq.Queue) -> None:
     q.send("h", "job")
     (m,) = q.receive("h", visibility_timeout=1)

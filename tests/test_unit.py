@@ -580,3 +580,22 @@ def test_a_queue_builds_messages_field_by_field_from_rows(tmp_path: pathlib.Path
             None, None, {}, None, None)
     finally:
         q.close()
+
+
+def test_mysql_multi_row_sends_stay_within_a_packet() -> None:
+    """A send_many's rows go out in statements of at most BATCH_ROWS rows and STATEMENT_CHARS
+    characters, in order; a row bigger than that goes alone."""
+    from tableq.backends.mysql import BATCH_ROWS, STATEMENT_CHARS, _statements
+
+    def row(text: str | None = None, data: bytes | None = None) -> NewMessage:
+        return NewMessage("t", None, None, text, data, None, 0, 0.0, None)
+
+    small = [row("1")] * (BATCH_ROWS + 5)
+    assert [len(p) for p in _statements(small, BATCH_ROWS)] == [BATCH_ROWS, 5]
+    assert [len(p) for p in _statements(small[:3], 1)] == [1, 1, 1]
+    big = [row("x" * 900_000), row(data=b"y" * 700_000), row("z" * (STATEMENT_CHARS + 1)),
+           row("1"), row("2")]
+    parts = list(_statements(big, BATCH_ROWS))
+    assert [m for p in parts for m in p] == big
+    assert [len(p) for p in parts] == [1, 1, 1, 2]
+    assert list(_statements([], BATCH_ROWS)) == []

@@ -9,7 +9,7 @@ import functools
 import json
 import operator
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -39,6 +39,11 @@ from tableq.url import DatabaseURL
 
 T = TypeVar("T")
 BATCH_ROWS = 1000  # rows (or (id, lease) pairs) per batch statement
+# A multi-row send's text in characters: each is at most 6 bytes on the wire (a control
+# character escaped as \u001f; UTF-8 takes at most 4), so a statement stays within MariaDB's
+# default 16 MiB max_allowed_packet.
+STATEMENT_CHARS = 2 * 1024 * 1024
+ROW_CHARS = 200  # a row's columns besides its payload and headers, as JSON text
 MIGRATION_LOCK_WAIT_S = 60
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("UTC_TIMESTAMP(6)", "(SELECT clock FROM {p}test_clock)")
@@ -112,6 +117,21 @@ def _us(seconds: float) -> int:
     return int(round(seconds * 1_000_000))
 
 
+def _statements(rows: Sequence[NewMessage], size: int) -> Iterator[Sequence[NewMessage]]:
+    """Rows in runs of at most `size` whose text stays within STATEMENT_CHARS (one row
+    alone whatever its size): the server drops the connection of a statement beyond its
+    max_allowed_packet (16 MiB by default on MariaDB)."""
+    start, chars = 0, 0
+    for i, m in enumerate(rows):
+        n = ROW_CHARS + len(m.json_text or "") + 2 * len(m.data or b"") + len(m.headers_json or "")
+        if i > start and (i - start == size or chars + n > STATEMENT_CHARS):
+            yield rows[start:i]
+            start, chars = i, 0
+        chars += n
+    if start < len(rows):
+        yield rows[start:]
+
+
 def _rows_json(rows: Sequence[NewMessage]) -> str:
     """Rows as message_insert's one JSON parameter (its column order; bytes as hex)."""
     def row(m: NewMessage) -> list[Any]:
@@ -120,6 +140,32 @@ def _rows_json(rows: Sequence[NewMessage]) -> str:
                 m.headers_json, m.priority, None if at is None else at.isoformat(" "),
                 _us(m.delay_s)]
     return json.dumps([row(m) for m in rows], ensure_ascii=False)
+
+
+# message_due_packed's columns, in its JSON_ARRAY's order.
+_PACKED = ("id", "key", "kind", "payload", "payload_bytes", "headers", "priority", "attempts",
+           "created_at", "first_available_at", "last_error", "progress")
+_decode_packed = json.JSONDecoder(strict=False).decode
+
+
+def _unpacked(packed: str | None, n: int, topic: str, db_now: datetime) -> list[Row] | None:
+    """message_due_packed's text as message_due's rows, or None when it was cut short."""
+    try:
+        items = _decode_packed(packed) if packed is not None else None
+    except ValueError:
+        return None
+    if items is None or len(items) != n:
+        return None
+    rows = []
+    for item in items:
+        row = dict(zip(_PACKED, item, strict=True))
+        row["topic"], row["db_now"] = topic, db_now
+        row["created_at"] = _parse_datetime(row["created_at"])
+        row["first_available_at"] = _parse_datetime(row["first_available_at"])
+        if row["payload_bytes"] is not None:
+            row["payload_bytes"] = bytes.fromhex(row["payload_bytes"])
+        rows.append(row)
+    return rows
 
 
 class _NotAllHeld(Exception):
@@ -164,6 +210,7 @@ class MySQLBackend(SqlBackend):
             with conn.cursor() as cur:
                 cur.execute(self.Q.session_time_zone)
                 cur.execute(self.Q.session_isolation)
+                cur.execute(self.Q.session_pack_limit)
                 if self.mariadb is None:
                     cur.execute(self.Q.server_version)
                     self._check_version(cur.fetchone(), conn)
@@ -287,7 +334,7 @@ class MySQLBackend(SqlBackend):
         # Mode 2 ("interleaved") may hand one statement's rows non-consecutive ids: then
         # each row is its own statement.
         size = BATCH_ROWS if self.consecutive_ids else 1
-        for part in chunks(rows, size):
+        for part in _statements(rows, size):
             if len(part) == 1:
                 cur.execute(self.Q.message_insert_one, self._message_params(part[0]))
             else:
@@ -312,6 +359,17 @@ class MySQLBackend(SqlBackend):
         return cur.lastrowid, "replaced" if on_duplicate == "replace" else "duplicate"
 
     # --- receiving ------------------------------------------------------------------------
+
+    def _due(self, cur: Cursor, spec: ClaimSpec) -> list[Row]:
+        if spec.where is not None:
+            return super()._due(cur, spec)
+        got = self._one(cur, self.Q.message_due_packed, {"topic": spec.topic, "max": spec.max})
+        if got is None or not got["n"]:
+            return []
+        rows = _unpacked(got["packed"], got["n"], spec.topic, got["db_now"])
+        # Cut short (payloads too big for one packet): the rows are locked by this
+        # transaction now, so the plain read returns them (or rows due since, as good).
+        return rows if rows is not None else super()._due(cur, spec)
 
     def _lease(self, cur: Cursor, spec: ClaimSpec, live: list[Row],
                flags: list[bool]) -> list[Row]:
