@@ -30,6 +30,7 @@ from tableq.message import (
     ReceiveMode,
     SendResult,
     SendStatus,
+    Settler,
 )
 from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
 from tableq.stats import TopicStats
@@ -465,9 +466,11 @@ class Queue:
         return self._claim(spec, None, None)
 
     def _claim(self, spec: ClaimSpec, conn: Any, tx: Any,
-               charged: list[bool] | None = None) -> list[Message]:
+               charged: list[bool] | None = None,
+               settler: Callable[[], Settler] | None = None) -> list[Message]:
         """Leases up to spec.max decodable messages. `charged`, if given, receives for each
-        message returned whether its attempt was charged (see ClaimSpec.charge)."""
+        message returned whether its attempt was charged (see ClaimSpec.charge); `settler`,
+        if given, makes each message's owner (else this Queue)."""
         out: list[Message] = []
         charge, charge_last = spec.charge, spec.charge_last
         for _ in range(10):  # bounded: each pass buries or returns something
@@ -479,7 +482,7 @@ class Queue:
             undecodable = 0
             for row in result.rows:
                 was_charged = bool(row.pop("charged", True))
-                msg = self._decoded_or_none(row, tx, conn=conn)
+                msg = self._decoded_or_none(row, tx, conn=conn, settler=settler)
                 if msg is None:
                     undecodable += 1
                     continue
@@ -494,7 +497,8 @@ class Queue:
                 break
         return out
 
-    def _decoded_or_none(self, row: Row, tx: Any, *, conn: Any = None) -> Message | None:
+    def _decoded_or_none(self, row: Row, tx: Any, *, conn: Any = None,
+                         settler: Callable[[], Settler] | None = None) -> Message | None:
         try:
             payload = self._kinds.decode(row.get("kind"), row["payload"])
         except PayloadInvalid as exc:
@@ -503,16 +507,16 @@ class Queue:
                                               f"undecodable payload: {exc}", conn)
             return None
         row["payload"] = payload  # the row is this claim's own: no copy
-        return self._message(row, tx)
+        return self._message(row, tx, None if settler is None else settler())
 
-    def _message(self, row: Row, tx: Any = None) -> Message:
+    def _message(self, row: Row, tx: Any = None, owner: Settler | None = None) -> Message:
         # Positional, in Message's field order: keywords cost a worker ~2 us per message.
         get = row.get
         return Message(
             row["id"], row["topic"], get("key"), get("kind"), row["payload"],
             get("headers") or {}, row["priority"], row["attempts"], row["created_at"],
             row["available_at"], row["first_available_at"], get("lease"), get("last_error"),
-            get("progress"), get("received_at"), self, tx,
+            get("progress"), get("received_at"), self if owner is None else owner, tx,
         )
 
     # --- for workers: attempts charged when a handler starts ----------------------------------
@@ -520,19 +524,22 @@ class Queue:
     def _receive_deferred(self, topic: str, *, max: int, charge: int,
                           charge_last: int | None = None,
                           visibility_timeout: float | timedelta | None = None,
-                          max_attempts: int | None = None) -> list[tuple[Message, bool]]:
+                          max_attempts: int | None = None,
+                          settler: Callable[[], Settler] | None = None,
+                          ) -> list[tuple[Message, bool]]:
         """receive() that charges an attempt only to the first `charge` messages (in delivery
         order), and a message's last allowed attempt only among the first `charge_last`; the
         others keep their attempt count until _charge() is called for them, right before
         their handlers start. A worker uses it for messages it prefetches, so a worker killed
         while holding them does not spend their attempts. Returns (message, charged) pairs.
-        Internal to the worker."""
+        `settler()` makes each message's owner (the worker's Tracker for its run, so the
+        message need not be copied for it). Internal to the worker."""
         spec = self._spec(topic, max, visibility_timeout, None, max_attempts)
         charged: list[bool] = []
         msgs = self._claim(dataclasses.replace(
             spec, charge=_positive_int("charge", charge + 1) - 1,
             charge_last=None if charge_last is None else _positive_int(
-                "charge_last", charge_last + 1) - 1), None, None, charged)
+                "charge_last", charge_last + 1) - 1), None, None, charged, settler)
         return list(zip(msgs, charged, strict=True))
 
     def _charge(self, msgs: Sequence[Message[P]], *,

@@ -229,6 +229,33 @@ def test_forward_sends_next_step_and_acks(make_app):
     assert app.queue.stats("step1")[0].live == 0 and app.queue.stats("step2")[0].live == 0
 
 
+def test_a_handler_that_settles_its_message_is_not_settled_again(make_app):
+    """A handler's own ack, nack or dead_letter is the message's outcome: the worker neither
+    acks it after the handler returns nor loses track of which run settled what, with many
+    messages fetched ahead of their runs."""
+    app = make_app()
+
+    @app.handler("self", concurrency=4)
+    def handle(message):
+        n = message.payload
+        if n % 3 == 0:
+            message.nack(delay=300, error="later")
+        elif n % 3 == 1:
+            message.dead_letter("refused")
+        elif n % 6 == 2:
+            message.ack()
+        # the rest return: the worker acks them
+
+    app.queue.send_many("self", list(range(60)))
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert worker.stats["lease_lost"] == 0
+    (stats,) = app.queue.stats("self")
+    assert (stats.live, stats.scheduled, stats.dead) == (20, 20, 20)
+    assert sorted(m.payload for m in app.queue.peek("self", limit=100)) == list(range(0, 60, 3))
+    assert {m.last_error for m in app.queue.peek("self", limit=100)} == {"later"}
+
+
 def test_at_most_once_removes_before_running(make_app):
     app = make_app()
     seen: list[tuple[int, object]] = []

@@ -6,6 +6,7 @@ When to fetch is the poller's business (poller.py); no SQL."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from tableq.queue import Queue
 from tableq.worker import events
 from tableq.worker.health import Health, first_line
 from tableq.worker.lane import FETCH_MAX, Lane
-from tableq.worker.settling import Settling
+from tableq.worker.settling import Settling, Tracker
 
 # While a lane's fetches come back full, a second thread fetches for it too, so that one
 # claim's wait on the database overlaps the other's Python (rows shaped, leases held) and
@@ -40,6 +41,7 @@ class Fetcher:
     def __init__(self, queue: Queue, health: Health, settling: Settling,
                  lanes: Sequence[Lane], stop: threading.Event) -> None:
         self._queue, self._health, self._settling = queue, health, settling
+        self._tracker = functools.partial(Tracker, queue)  # each fetched message's owner
         self._lanes = lanes
         self._stop = stop
         self._kick = threading.Event()  # a fetch came back full
@@ -122,7 +124,8 @@ class Fetcher:
         # attempt (that one is charged right before its handler starts); lane.py.
         got = self._queue._receive_deferred(
             spec.topic, max=want, charge=min(want, lane.start_soon(want)), charge_last=0,
-            visibility_timeout=spec.visibility_timeout_s, max_attempts=spec.max_attempts)
+            visibility_timeout=spec.visibility_timeout_s, max_attempts=spec.max_attempts,
+            settler=self._tracker)
         self._health.ok()
         self._settling.heartbeater.hold_many([m for m, _ in got], spec.visibility_timeout_s,
                                              since=sent)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tableq.errors import TableqError
-from tableq.message import Message, with_owner
+from tableq.message import Message, owner_of, with_owner
 from tableq.queue import Queue
 from tableq.worker import events
 from tableq.worker.exactly_once import exactly_once_body
@@ -623,8 +623,12 @@ class Lane:
         spec = self.spec
         if not announced:
             self._announce(msg)
-        tracker = Tracker(self._queue)
-        handed = with_owner(msg, tracker)
+        owner = owner_of(msg)
+        if isinstance(owner, Tracker) and not owner.settled:
+            tracker, handed = owner, msg  # fetched for this run (Fetcher): no copy needed
+        else:
+            tracker = Tracker(self._queue)
+            handed = with_owner(msg, tracker)
         if spec.mode == "exactly_once":
             body = exactly_once_body(self._queue, self._executor, spec.fn,
                                      self._settling.unhold)
