@@ -39,6 +39,10 @@ from tableq.url import DatabaseURL
 
 T = TypeVar("T")
 BATCH_ROWS = 1000  # rows (or (id, lease) pairs) per batch statement
+# A batch ack of refs under at most this many leases deletes lease by lease (one statement
+# each), else by (id, lease) pairs in one: a DELETE of 1,000 took 4.9 ms by lease and 7.7 ms
+# by pairs (the shared server, medians of 24).
+ACK_LEASE_GROUPS = 4
 # A multi-row send's text in characters: each is at most 6 bytes on the wire (a control
 # character escaped as \u001f; UTF-8 takes at most 4), so a statement stays within MariaDB's
 # default 16 MiB max_allowed_packet.
@@ -427,8 +431,17 @@ class MySQLBackend(SqlBackend):
         """The usual batch ack, every lease still held: one DELETE, no read of which are.
         Raises _NotAllHeld (its transaction then rolls back) when some are not."""
         ids = [i for i, _ in refs]
-        if self._exec(cur, self.Q.message_ack_held, {"ids": self._ids(ids),
-                                                     **self._refs(refs)}) != len(refs):
+        by_lease: dict[str, list[int]] = {}
+        for msg_id, lease in refs:
+            by_lease.setdefault(lease, []).append(msg_id)
+        if len(by_lease) <= ACK_LEASE_GROUPS:
+            deleted = sum(self._exec(cur, self.Q.message_ack_lease,
+                                     {"ids": self._ids(group), "lease": lease})
+                          for lease, group in by_lease.items())
+        else:
+            deleted = self._exec(cur, self.Q.message_ack_held,
+                                 {"ids": self._ids(ids), **self._refs(refs)})
+        if deleted != len(refs):
             raise _NotAllHeld
         return set(ids)
 

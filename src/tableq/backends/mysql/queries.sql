@@ -245,6 +245,11 @@ DELETE FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
 -- message_held finds which are still held). `id IN` first, as in message_charge.
 DELETE FROM {p}message WHERE id IN %(ids)s AND (id, lease) IN %(refs)s;
 
+-- name: message_ack_lease :exec
+-- message_ack_held for the refs of one lease (a receive call's token: a worker's batch of
+-- acks holds a few): the row-constructor IN costs the server about 3 us a row more.
+DELETE FROM {p}message WHERE id IN %(ids)s AND lease = %(lease)s;
+
 -- name: message_release :exec
 UPDATE {p}message
 SET lease = NULL, attempts = attempts - %(refund)s,
