@@ -88,10 +88,14 @@ DIALECT_ONLY = {
         # no RETURNING: read back what a statement changed, under a row lock
         "message_held", "message_charged", "message_due_at", "message_lease_until",
         "message_lock_leased", "lease_lock", "dead_requeue_ids",
-        # a batch ack in one DELETE, rolled back unless every lease was still held
-        "message_ack_held",
+        # a batch ack in one DELETE, rolled back unless every lease was still held (by
+        # lease when the refs hold few)
+        "message_ack_held", "message_ack_lease",
         # a take reads what a claim's due rows leave out (a claim replaces them)
         "message_taken",
+        # the unfiltered claim's rows packed into one JSON text (PyMySQL parses rows in
+        # Python), and the session's limit on that text
+        "message_due_packed", "session_pack_limit",
         # session settings and the named-lock migration guard
         "session_isolation", "migration_unlock", "doctor_history_length",
     },

@@ -12,7 +12,7 @@ import http.client
 import json
 import threading
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -32,7 +32,7 @@ from tableq.errors import (
     ServerUnavailable,
     TableqError,
 )
-from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult
+from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult, Settler
 from tableq.stats import TopicStats
 
 P = TypeVar("P")
@@ -249,10 +249,13 @@ class Client:
     def _receive_deferred(self, topic: str, *, max: int, charge: int,
                           charge_last: int | None = None,
                           visibility_timeout: float | timedelta | None = None,
-                          max_attempts: int | None = None) -> list[tuple[Message, bool]]:
+                          max_attempts: int | None = None,
+                          settler: Callable[[], Settler] | None = None,
+                          ) -> list[tuple[Message, bool]]:
         """The worker's receive. Over HTTP a receive charges every message's attempt at once
         (the API has no deferred charge), so every message comes back charged and the worker
-        never needs _charge for them."""
+        never needs _charge for them. `settler` is not used: the messages settle through this
+        client, and the worker copies each for its run's tracker."""
         msgs = self.receive(topic, max=max, visibility_timeout=visibility_timeout,
                             max_attempts=max_attempts)
         return [(m, True) for m in msgs]
