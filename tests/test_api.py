@@ -159,6 +159,30 @@ def test_a_claim_bigger_than_a_packet_returns_every_row(q: tableq.Queue) -> None
     assert q.stats("big")[0].live == 0
 
 
+def test_a_batch_send_cut_into_several_statements_keeps_every_id_and_value(
+        q: tableq.Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send_many bigger than one statement may carry (MariaDB's packet, SQLite's longest
+    string: limits made small here) goes out in several, in one transaction: the ids are the
+    rows', in order, and every value arrives; both batch shapes (bare payloads, and rows with
+    headers or priorities)."""
+    import tableq.backends.mysql
+    import tableq.backends.sqlite
+
+    for module in (tableq.backends.mysql, tableq.backends.sqlite):
+        monkeypatch.setattr(module, "STATEMENT_CHARS", 30_000)
+    text = "é" * 9_000
+    bare = q.send_many("cut", [{"n": i, "s": text} for i in range(12)])
+    rows = q.send_many("cut", [{"payload": {"n": 12 + i, "s": text}, "headers": {"h": str(i)},
+                                "priority": 0} for i in range(12)])
+    sent = [r.id for r in (*bare, *rows)]
+    assert len(set(sent)) == 24 and sent == sorted(sent)
+    got = q.receive("cut", max=30, visibility_timeout=60)
+    assert [m.id for m in got] == sent
+    assert [m.payload["n"] for m in got] == list(range(24))
+    assert all(m.payload["s"] == text for m in got)
+    assert [m.headers for m in got[12:]] == [{"h": str(i)} for i in range(12)]
+
+
 def test_heartbeat_extends_lease_and_saves_progress(q: tableq.Queue) -> None:
     q.send("h", "job")
     (m,) = q.receive("h", visibility_timeout=1)

@@ -586,20 +586,19 @@ def test_a_queue_builds_messages_field_by_field_from_rows(tmp_path: pathlib.Path
         q.close()
 
 
-def test_mysql_multi_row_sends_stay_within_a_packet() -> None:
-    """A send_many's rows go out in statements of at most BATCH_ROWS rows and STATEMENT_CHARS
-    characters, in order; a row bigger than that goes alone."""
-    from tableq.backends.mysql import BATCH_ROWS, STATEMENT_CHARS, _statements
+def test_batch_sends_are_cut_into_statements_by_rows_and_size() -> None:
+    """A send_many's rows go out in runs of at most max_items rows and max_chars characters,
+    in order; a row bigger than max_chars goes alone (MariaDB's packet, SQLite's longest
+    string)."""
+    from tableq.backends.base import ROW_CHARS, row_chars, spans
 
     def row(text: str | None = None, data: bytes | None = None) -> NewMessage:
         return NewMessage("t", None, None, text, data, None, 0, 0.0, None)
 
-    small = [row("1")] * (BATCH_ROWS + 5)
-    assert [len(p) for p in _statements(small, BATCH_ROWS)] == [BATCH_ROWS, 5]
-    assert [len(p) for p in _statements(small[:3], 1)] == [1, 1, 1]
-    big = [row("x" * 900_000), row(data=b"y" * 700_000), row("z" * (STATEMENT_CHARS + 1)),
-           row("1"), row("2")]
-    parts = list(_statements(big, BATCH_ROWS))
-    assert [m for p in parts for m in p] == big
-    assert [len(p) for p in parts] == [1, 1, 1, 2]
-    assert list(_statements([], BATCH_ROWS)) == []
+    assert row_chars(row("abc")) == ROW_CHARS + 3
+    assert row_chars(row(data=b"ab")) == ROW_CHARS + 4  # as hex
+    assert list(spans([1] * 1005, 1000, 10**9)) == [(0, 1000), (1000, 1005)]
+    assert list(spans([1, 1, 1], 1, 10**9)) == [(0, 1), (1, 2), (2, 3)]
+    assert list(spans([900, 1400, 5000, 1, 1], 1000, 2000)) == [(0, 1), (1, 2), (2, 3), (3, 5)]
+    assert list(spans([600, 600, 600, 600], 1000, 2000)) == [(0, 3), (3, 4)]
+    assert list(spans([], 1000, 2000)) == []

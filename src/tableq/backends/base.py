@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -421,6 +421,31 @@ def filter_params(where: Filter) -> dict[str, Any]:
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+ROW_CHARS = 200  # a sent row's columns besides its payload and headers, as JSON text
+
+
+def row_chars(m: NewMessage) -> int:
+    """About how many characters m takes in a batch statement's JSON text (bytes as hex)."""
+    return ROW_CHARS + len(m.json_text or "") + 2 * len(m.data or b"") + len(m.headers_json or "")
+
+
+def spans(sizes: Iterable[int], max_items: int, max_chars: int) -> Iterator[tuple[int, int]]:
+    """[start, end) runs of consecutive items, in order, each at most max_items long and
+    max_chars in total (an item bigger than that alone): the batch statements a send is cut
+    into so that none passes what the server takes in one (MariaDB's max_allowed_packet,
+    SQLite's longest string)."""
+    start = total = 0
+    end = 0
+    for end, n in enumerate(sizes, 1):
+        i = end - 1
+        if i > start and (i - start == max_items or total + n > max_chars):
+            yield start, i
+            start, total = i, 0
+        total += n
+    if end > start:
+        yield start, end
 
 
 _decode_json = json.JSONDecoder().decode

@@ -9,7 +9,7 @@ import functools
 import json
 import operator
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -31,6 +31,8 @@ from tableq.backends.base import (
     UniqueViolation,
     chunks,
     gather,
+    row_chars,
+    spans,
 )
 from tableq.backends.mysql.errors import map_errors
 from tableq.backends.sql import Cursor, Params, SqlBackend, duplicate_from
@@ -43,11 +45,10 @@ BATCH_ROWS = 1000  # rows (or (id, lease) pairs) per batch statement
 # each), else by (id, lease) pairs in one: a DELETE of 1,000 took 4.9 ms by lease and 7.7 ms
 # by pairs (the shared server, medians of 24).
 ACK_LEASE_GROUPS = 4
-# A multi-row send's text in characters: each is at most 6 bytes on the wire (a control
-# character escaped as \u001f; UTF-8 takes at most 4), so a statement stays within MariaDB's
-# default 16 MiB max_allowed_packet.
+# A multi-row send's text in characters (base.row_chars): each is at most 6 bytes on the
+# wire (a control character escaped as \u001f; UTF-8 takes at most 4), so a statement stays
+# within MariaDB's default 16 MiB max_allowed_packet.
 STATEMENT_CHARS = 2 * 1024 * 1024
-ROW_CHARS = 200  # a row's columns besides its payload and headers, as JSON text
 MIGRATION_LOCK_WAIT_S = 60
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("UTC_TIMESTAMP(6)", "(SELECT clock FROM {p}test_clock)")
@@ -119,21 +120,6 @@ def _naive(at: datetime | None) -> datetime | None:
 
 def _us(seconds: float) -> int:
     return int(round(seconds * 1_000_000))
-
-
-def _statements(rows: Sequence[NewMessage], size: int) -> Iterator[Sequence[NewMessage]]:
-    """Rows in runs of at most `size` whose text stays within STATEMENT_CHARS (one row
-    alone whatever its size): the server drops the connection of a statement beyond its
-    max_allowed_packet (16 MiB by default on MariaDB)."""
-    start, chars = 0, 0
-    for i, m in enumerate(rows):
-        n = ROW_CHARS + len(m.json_text or "") + 2 * len(m.data or b"") + len(m.headers_json or "")
-        if i > start and (i - start == size or chars + n > STATEMENT_CHARS):
-            yield rows[start:i]
-            start, chars = i, 0
-        chars += n
-    if start < len(rows):
-        yield rows[start:]
 
 
 def _rows_json(rows: Sequence[NewMessage]) -> str:
@@ -338,7 +324,9 @@ class MySQLBackend(SqlBackend):
         # Mode 2 ("interleaved") may hand one statement's rows non-consecutive ids: then
         # each row is its own statement.
         size = BATCH_ROWS if self.consecutive_ids else 1
-        for part in _statements(rows, size):
+        # The server drops the connection of a statement beyond its max_allowed_packet.
+        for start, end in spans(map(row_chars, rows), size, STATEMENT_CHARS):
+            part = rows[start:end]
             if len(part) == 1:
                 cur.execute(self.Q.message_insert_one, self._message_params(part[0]))
             else:

@@ -26,6 +26,8 @@ from tableq.backends.base import (
     chunks,
     gather,
     retrying,
+    row_chars,
+    spans,
 )
 from tableq.backends.sql import Cursor, Params, SqlBackend, duplicate_from
 from tableq.backends.sqlite.errors import map_errors
@@ -43,6 +45,9 @@ SYNCHRONOUS = {"FULL": "session_synchronous_full", "NORMAL": "session_synchronou
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("(julianday('now') - 2440587.5) * 86400.0", "(SELECT clock FROM {p}test_clock)")
 REFS_PER_STATEMENT = 500
+# A batch send's JSON text in characters (base.row_chars): at most 6 bytes each once escaped,
+# well within SQLite's longest string (a billion bytes), which 1,000 payloads of 1 MiB pass.
+STATEMENT_CHARS = 64 * 1024 * 1024
 WATCH_INTERVAL_S = 0.005  # how often a listener reads data_version (a counter in shared memory)
 # At most one hint per this long: any commit to the file changes data_version (other topics'
 # traffic, acks, heartbeats), and each hint costs an idle worker a claim, which on SQLite is a
@@ -235,21 +240,28 @@ class SQLiteBackend(SqlBackend):
             return [int(done.lastrowid)]
         if any(m.data is not None for m in rows):
             cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
-        else:
-            at = self._db_time
+            return self._last_ids(cur, len(rows))
+        at = self._db_time
+        ids: list[int] = []
+        for start, end in spans(map(row_chars, rows), len(rows), STATEMENT_CHARS):
             cur.execute(self.Q.message_insert_many, {"rows": json.dumps(
                 [[m.topic, m.kind, m.json_text, m.headers_json, m.priority, at(m.at), m.delay_s]
-                 for m in rows], ensure_ascii=False)})
-        return self._last_ids(cur, len(rows))
+                 for m in rows[start:end]], ensure_ascii=False)})
+            ids += self._last_ids(cur, end - start)
+        return ids
 
     def _insert_batch(self, cur: Cursor, batch: PayloadBatch) -> list[int]:
         t = batch.template
         if len(batch) == 1 or any(data is not None for _, data in batch.payloads):
             return self._insert_plain(cur, batch.rows())
-        cur.execute(self.Q.message_insert_payloads, {
-            **self._message_params(t),
-            "payloads": json.dumps([text for text, _ in batch.payloads], ensure_ascii=False)})
-        return self._last_ids(cur, len(batch))
+        texts = [text for text, _ in batch.payloads]
+        ids: list[int] = []
+        for start, end in spans((len(x or "") for x in texts), len(texts), STATEMENT_CHARS):
+            cur.execute(self.Q.message_insert_payloads, {
+                **self._message_params(t),
+                "payloads": json.dumps(texts[start:end], ensure_ascii=False)})
+            ids += self._last_ids(cur, end - start)
+        return ids
 
     def _last_ids(self, cur: Cursor, n: int) -> list[int]:
         """The ids of the n rows just inserted in one go: consecutive under the write lock."""
