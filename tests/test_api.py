@@ -371,7 +371,7 @@ def test_ack_many_reports_lost_leases_after_acking_the_rest(q: tableq.Queue) -> 
 def test_ack_many_across_receives_acks_only_the_leases_it_names(q: tableq.Queue,
                                                                  receives: int) -> None:
     """One ack_many over messages of several receive calls (each its own lease token, on
-    MariaDB one per call: few and many leases are acked differently there): a message whose
+    MariaDB one per call: one lease and several are acked differently there): a message whose
     lease moved to a later receive is not acked under its old one, and every other one is."""
     q.send_many("al", list(range(receives * 2)))
     held = [m for _ in range(receives) for m in q.receive("al", max=2, visibility_timeout=60)]

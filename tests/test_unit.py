@@ -89,7 +89,7 @@ DIALECT_ONLY = {
         "message_held", "message_charged", "message_due_at", "message_lease_until",
         "message_lock_leased", "lease_lock", "dead_requeue_ids",
         # a batch ack in one DELETE, rolled back unless every lease was still held (by
-        # lease when the refs hold few)
+        # lease when the refs hold one)
         "message_ack_held", "message_ack_lease",
         # a take reads what a claim's due rows leave out (a claim replaces them)
         "message_taken",

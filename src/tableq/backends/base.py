@@ -436,16 +436,15 @@ def spans(sizes: Iterable[int], max_items: int, max_chars: int) -> Iterator[tupl
     max_chars in total (an item bigger than that alone): the batch statements a send is cut
     into so that none passes what the server takes in one (MariaDB's max_allowed_packet,
     SQLite's longest string)."""
-    start = total = 0
-    end = 0
-    for end, n in enumerate(sizes, 1):
-        i = end - 1
+    start = total = count = 0
+    for count, n in enumerate(sizes, 1):
+        i = count - 1  # this item's index
         if i > start and (i - start == max_items or total + n > max_chars):
             yield start, i
             start, total = i, 0
         total += n
-    if end > start:
-        yield start, end
+    if count > start:
+        yield start, count
 
 
 _decode_json = json.JSONDecoder().decode

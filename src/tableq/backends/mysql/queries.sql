@@ -246,8 +246,9 @@ DELETE FROM {p}message WHERE id = %(id)s AND lease = %(lease)s;
 DELETE FROM {p}message WHERE id IN %(ids)s AND (id, lease) IN %(refs)s;
 
 -- name: message_ack_lease :exec
--- message_ack_held for the refs of one lease (a receive call's token: a worker's batch of
--- acks holds a few): the row-constructor IN costs the server about 3 us a row more.
+-- message_ack_held when every ref holds one lease (a receive call's token: a worker's batch
+-- of acks mostly does): a DELETE of 1,000 took 4.9 ms this way and 7.7 ms by (id, lease)
+-- pairs (the shared server, medians of 24); one statement either way.
 DELETE FROM {p}message WHERE id IN %(ids)s AND lease = %(lease)s;
 
 -- name: message_release :exec

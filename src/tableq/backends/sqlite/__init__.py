@@ -242,24 +242,29 @@ class SQLiteBackend(SqlBackend):
             cur.executemany(self.Q.message_insert, [self._message_params(m) for m in rows])
             return self._last_ids(cur, len(rows))
         at = self._db_time
-        ids: list[int] = []
-        for start, end in spans(map(row_chars, rows), len(rows), STATEMENT_CHARS):
-            cur.execute(self.Q.message_insert_many, {"rows": json.dumps(
-                [[m.topic, m.kind, m.json_text, m.headers_json, m.priority, at(m.at), m.delay_s]
-                 for m in rows[start:end]], ensure_ascii=False)})
-            ids += self._last_ids(cur, end - start)
-        return ids
+        return self._insert_runs(cur, self.Q.message_insert_many, list(map(row_chars, rows)),
+                                 lambda run: {"rows": json.dumps(
+            [[m.topic, m.kind, m.json_text, m.headers_json, m.priority, at(m.at), m.delay_s]
+             for m in rows[run]], ensure_ascii=False)})
 
     def _insert_batch(self, cur: Cursor, batch: PayloadBatch) -> list[int]:
         t = batch.template
         if len(batch) == 1 or any(data is not None for _, data in batch.payloads):
             return self._insert_plain(cur, batch.rows())
         texts = [text for text, _ in batch.payloads]
+        common = self._message_params(t)
+        return self._insert_runs(cur, self.Q.message_insert_payloads,
+                                 [len(x or "") for x in texts],
+                                 lambda run: {**common, "payloads": json.dumps(
+                                     texts[run], ensure_ascii=False)})
+
+    def _insert_runs(self, cur: Cursor, query: str, sizes: list[int],
+                     params: Callable[[slice], Params]) -> list[int]:
+        """One JSON-array insert per run of rows within STATEMENT_CHARS (SQLite refuses a
+        longer string), params(run) its parameters; the ids of every row, in order."""
         ids: list[int] = []
-        for start, end in spans((len(x or "") for x in texts), len(texts), STATEMENT_CHARS):
-            cur.execute(self.Q.message_insert_payloads, {
-                **self._message_params(t),
-                "payloads": json.dumps(texts[start:end], ensure_ascii=False)})
+        for start, end in spans(sizes, len(sizes), STATEMENT_CHARS):
+            cur.execute(query, params(slice(start, end)))
             ids += self._last_ids(cur, end - start)
         return ids
 
