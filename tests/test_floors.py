@@ -1,7 +1,8 @@
-"""PostgreSQL claims from floors while a snapshot is held (backends/postgres/floors.py): the
-decisions, and on a real server, beside a real REPEATABLE READ snapshot, claims that return
-exactly what a plain claim would, message for message, while sends, outbox transactions,
-nacks, expired leases, rolled-back claims and sends due in the past come and go."""
+"""PostgreSQL claims from floors while a snapshot is held or a topic has open bulk loads
+(backends/postgres/floors.py): the decisions, and on a real server, beside a real REPEATABLE
+READ snapshot or open loads, claims that return exactly what a plain claim would, message for
+message, while sends, outbox transactions, nacks, expired leases, rolled-back claims, sends
+due in the past, and loads opened, published and discarded come and go."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tableq.backends.postgres.floors import (
     Horizon,
     next_floor,
 )
+from tableq.bulk import Bulk
 from tableq.queue import backend_of
 from tableq.testing import wait_until
 from tableq.url import parse_url
@@ -72,7 +74,8 @@ def test_plain_claims_look_at_the_horizon_once_in_a_while_and_floors_follow_it()
     plan = floors.plan("t")
     assert floors.held and plan.floor == (0, (START, 0)) and plan.bound is not None
     meta = {"hidden": False, "oldest_snapshot": at(0), "oldest_write": None,
-            "claimed_at": at(101), "first_at": at(50), "first_id": 3}
+            "open_topics": [], "gen": 0, "claimed_at": at(101), "first_at": at(50),
+            "first_id": 3}
     floors.learn("t", plan, meta, first_priority=5)
     assert floors.plan("t").floor == (5, (START, 0))  # the priority its messages came from
     floors.learn("t", plan, meta, first_priority=0)
@@ -97,7 +100,8 @@ def test_floor_claims_read_the_horizon_once_in_a_while_and_go_on_from_the_last_b
     # A claim that did not look brings no horizon (its columns are NULL): its floor still
     # follows the rows it saw, capped by the bound an earlier look left.
     meta = {"hidden": None, "oldest_snapshot": None, "oldest_write": None,
-            "claimed_at": at(101), "first_at": at(95), "first_id": 3}
+            "open_topics": None, "gen": 0, "claimed_at": at(101), "first_at": at(95),
+            "first_id": 3}
     floors.learn("t", quiet, meta, first_priority=0)
     margin = timedelta(seconds=WRITE_MARGIN_S)
     assert floors.held and floors.plan("t").floor == (0, (at(90) - margin, 0))
@@ -107,6 +111,45 @@ def test_floor_claims_read_the_horizon_once_in_a_while_and_go_on_from_the_last_b
     floors.learn("t", later, {**meta, "hidden": False, "claimed_at": at(102)},
                  first_priority=0)  # the look finds the snapshot gone: floors off
     assert not floors.held and floors.plan("t").floor is None
+
+
+def test_topics_with_open_loads_are_claimed_from_floors_while_no_snapshot_is_held() -> None:
+    floors = Floors()
+    assert floors.plan("t").check
+    floors.checked(Horizon(False, None, None, at(100), frozenset({"t"})))
+    assert not floors.held and floors.on("t") and not floors.on("u")
+    plan = floors.plan("t")
+    assert plan.floor == (0, (START, 0)) and plan.gen == 0 and plan.bound is not None
+    assert floors.plan("u").floor is None
+    # A session this role cannot see may hold a write in flight: no floor is safe then.
+    assert not Horizon(True, None, None, at(100), frozenset({"t"})).open_loads()
+    floors.checked(Horizon(False, None, None, at(101)))  # the load was published
+    assert not floors.on("t") and floors.plan("t").floor is None
+
+
+def test_a_publish_sends_the_floor_back_and_older_claims_do_not_move_it() -> None:
+    floors = Floors()
+    floors.checked(Horizon(False, None, None, at(100), frozenset({"t"})))
+
+    def meta(first: float, gen: int) -> dict[str, Any]:
+        return {"hidden": False, "oldest_snapshot": None, "oldest_write": None,
+                "open_topics": ["t"], "gen": gen, "claimed_at": at(100),
+                "first_at": at(first), "first_id": 1}
+
+    plan = floors.plan("t")
+    floors.learn("t", plan, meta(50, 0), first_priority=0)
+    assert floors.plan("t").floor == (0, (at(50), 1)) and floors.plan("t").gen == 0
+    # A load of the topic was published: the claim read from the start, found its rows at
+    # 10, and the floor goes back to them under the new count.
+    stale = floors.plan("t")
+    floors.learn("t", stale, meta(10, 1), first_priority=0)
+    assert floors.plan("t").floor == (0, (at(10), 1)) and floors.plan("t").gen == 1
+    # A claim that began before that publish was seen learns nothing any more.
+    floors.learn("t", plan, meta(60, 0), first_priority=0)
+    assert floors.plan("t").floor == (0, (at(10), 1))
+    # Under the new count the floor moves on as before.
+    floors.learn("t", floors.plan("t"), meta(20, 1), first_priority=0)
+    assert floors.plan("t").floor == (0, (at(20), 1))
 
 
 # --- on a real server, beside a held snapshot --------------------------------------------
@@ -128,21 +171,33 @@ def _wait_held(q: tableq.Queue, topic: str) -> None:
 
 
 class Truth:
-    """What a plain claim would take now: the due rows in delivery order that no other
-    transaction holds, read (FOR UPDATE SKIP LOCKED) in a transaction rolled back at once."""
+    """What a plain claim would take now: the due rows outside open loads in delivery order
+    that no other transaction holds, read (FOR UPDATE SKIP LOCKED) in a transaction rolled
+    back at once."""
 
     def __init__(self, url: str) -> None:
         self.schema = url.rsplit("schema=", 1)[1]
         self.conn = psycopg.connect(_conninfo_pg(PG_URL))
 
     def next(self, topic: str, n: int) -> list[int]:
+        s = self.schema
         rows = self.conn.execute(
-            f'SELECT id FROM "{self.schema}".message WHERE topic = %s '
-            "AND available_at <= statement_timestamp() "
+            f'SELECT id FROM "{s}".message WHERE topic = %s '
+            "AND available_at <= statement_timestamp() AND (load_part IS NULL OR load_part "
+            f"""NOT IN (SELECT id FROM "{s}".load_part WHERE state = 'open')) """
             "ORDER BY priority DESC, available_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
             (topic, n)).fetchall()
         self.conn.rollback()
         return [r[0] for r in rows]
+
+    def loaded(self, job: str, parts: list[int]) -> set[int]:
+        """The ids of the rows that a load's parts hold."""
+        s = self.schema
+        rows = self.conn.execute(
+            f'SELECT m.id FROM "{s}".message m JOIN "{s}".load_part p ON p.id = m.load_part '
+            "WHERE p.job = %s AND p.part = ANY(%s)", (job, parts)).fetchall()
+        self.conn.rollback()
+        return {r[0] for r in rows}
 
     def hold(self, conn: psycopg.Connection[Any], topic: str, n: int) -> None:
         """Locks the first n due messages on `conn` as a claim in flight does."""
@@ -158,6 +213,13 @@ class Truth:
             "WHERE id = ANY(%s) ORDER BY priority DESC, available_at, id", (ids,)).fetchall()
         self.conn.rollback()
         return rows
+
+
+def _floor_now(floors: Floors, topic: str) -> Any:
+    """The floor the next claim of `topic` would start from, or None: read without taking a
+    plan (plan() takes the next look at the horizon, which the claim itself should)."""
+    known = floors._floor.get((topic, floors._level.get(topic, 0)))
+    return None if known is None else known[0]
 
 
 def _drain(q: tableq.Queue, topic: str, delivered: list[int]) -> None:
@@ -219,8 +281,8 @@ def test_claims_from_floors_take_what_a_plain_claim_would(
                 # A lease running out between the two reads would change the answer.
                 wait_until(lambda until=expiring: time.monotonic() > until, timeout=5)
                 expected = truth.next(topic, n)
-                plan = backend.floors.plan(topic)
-                moved += plan.floor is not None and plan.floor[1][0] > START
+                plan = _floor_now(backend.floors, topic)
+                moved += plan is not None and plan[0] > START
                 if rng.random() < 0.3:  # the Spark source's claim: ids under one lease
                     lease = uuid.uuid4().hex
                     rows = backend.message_claim(ClaimSpec(topic, n, 30, 1000, lease=lease,
@@ -259,6 +321,137 @@ def test_claims_from_floors_take_what_a_plain_claim_would(
     finally:
         outbox.close()
         rival.close()
+        truth.conn.close()
+        q.close()
+    assert sorted(delivered) == sorted(sent)
+
+
+def test_a_published_load_behind_a_floor_is_claimed_first(pg_url: str) -> None:
+    with tableq.connect(pg_url, migrate=True) as q:
+        floors = backend_of(q).floors  # type: ignore[attr-defined]
+        Bulk(q).stage_many("early", 0, "t", [{"early": i} for i in range(100)])
+        q.send("t", "first")
+        floors._checked = -1.0  # look at the horizon at the next claim
+        assert [m.payload for m in q.receive("t")] == ["first"]
+        assert floors.on("t") and not floors.held
+        time.sleep(WRITE_MARGIN_S + 2 * LOOK_EVERY_S)  # the write bound passes the load
+        while q.receive("t"):
+            pass
+        q.send_many("t", ["later"] * 5)
+        assert [m.payload for m in q.receive("t", max=2)] == ["later"] * 2
+        plan = floors.plan("t")
+        copied = Truth(pg_url)
+        try:
+            load_at = copied.conn.execute(
+                f'SELECT min(available_at) FROM "{copied.schema}".message WHERE load_part IS '
+                "NOT NULL").fetchone()[0]
+        finally:
+            copied.conn.close()
+        assert plan.floor is not None and plan.floor[1][0] > load_at  # past the open rows
+        Bulk(q).publish_staged("early", [0])
+        assert [m.payload for m in q.receive("t", max=3)] == [{"early": i} for i in range(3)]
+
+
+def test_claims_past_open_loads_take_what_a_plain_claim_would(pg_url: str) -> None:
+    """No snapshot held: a topic with open loads is claimed from floors past their rows, and
+    a publish (its rows due where they were copied, before the floors) is found at once."""
+    rng = random.Random(11)
+    topic = "t"
+    q = tableq.connect(pg_url, migrate=True)
+    backend = backend_of(q)
+    floors = backend.floors
+    bulk = Bulk(q)
+    truth = Truth(pg_url)
+    outbox = psycopg.connect(_conninfo_pg(PG_URL))
+    delivered: list[int] = []
+    sent: set[int] = set()
+    loads: dict[str, list[int]] = {}  # open loads: their parts
+
+    def open_load(step: int) -> None:
+        job = f"load-{step}"
+        loads[job] = list(range(rng.choice([1, 3])))
+        for part in loads[job]:
+            bulk.stage_many(job, part, topic, [{"load": step, "part": part, "i": i}
+                                               for i in range(rng.choice([1, 40, 1500]))])
+
+    def claim(step: int, n: int) -> int:
+        nonlocal moved
+        expected = truth.next(topic, n)
+        plan = _floor_now(floors, topic)
+        moved += plan is not None and plan[0] > START
+        if rng.random() < 0.3:
+            lease = uuid.uuid4().hex
+            rows = backend.message_claim(ClaimSpec(topic, n, 30, 1000, lease=lease,
+                                                   ids_only=True)).rows
+            got = [r["id"] for r in rows]
+            backend.message_ack([(i, lease) for i in got], False)
+            delivered.extend(got)
+        else:
+            msgs = q.receive(topic, max=n, max_attempts=1000)
+            got = [m.id for m in msgs]
+            for m in msgs:
+                if rng.random() < 0.1:
+                    m.nack(delay=0)
+                else:
+                    m.ack()
+                    delivered.append(m.id)
+        assert got == expected, (step, got, expected, plan, truth.rows(got + expected))
+        return len(got)
+
+    moved = 0  # claims that started from a floor past the start
+    try:
+        sent.update(r.id for r in q.send_many(topic, list(range(20))))
+        open_load(-1)
+        floors._checked = -1.0  # look at the horizon at the next claim
+        first = q.receive(topic, max=1)
+        q.ack_many(first)
+        delivered.extend(m.id for m in first)
+        assert floors.on(topic) and not floors.held
+        outbox_open = 0
+        published = 0
+        for step in range(300):
+            roll = rng.random()
+            if roll < 0.2:
+                batch = [{"s": step, "i": i} for i in range(rng.choice([1, 5, 40, 600]))]
+                sent.update(r.id for r in q.send_many(
+                    topic, batch, priority=rng.choice([0] * 12 + [5, -1])))
+            elif roll < 0.25 and not outbox_open:
+                sent.add(q.send(topic, {"outbox": step}, connection=outbox).id)
+                outbox_open = rng.randint(1, 6)
+            elif roll < 0.32:
+                open_load(step)
+            elif roll < 0.42 and loads:
+                job = rng.choice(sorted(loads))
+                parts = loads.pop(job)
+                if rng.random() < 0.2:
+                    bulk.discard_staged(job)
+                else:
+                    kept = parts[:rng.randint(1, len(parts))]  # the others are dropped
+                    sent.update(truth.loaded(job, kept))
+                    bulk.publish_staged(job, kept)
+                    published += 1
+            elif roll < 0.5:
+                # Drained, once the write bound has passed the open loads' rows (it trails
+                # the claims' time): floors pass over those rows.
+                time.sleep(WRITE_MARGIN_S + 2 * LOOK_EVERY_S)
+                while claim(step, 100):
+                    pass
+            else:
+                claim(step, rng.choice([1, 3, 10, 50]))
+            if outbox_open:
+                outbox_open -= 1
+                if not outbox_open:
+                    outbox.commit()
+            if not loads:
+                open_load(step)  # keep the topic claimed from floors
+        outbox.commit()
+        for job in list(loads):
+            sent.update(truth.loaded(job, loads[job]))
+            bulk.publish_staged(job, loads.pop(job))
+        _drain(q, topic, delivered)
+        assert moved > 30 and published > 5, (moved, published)
+    finally:
+        outbox.close()
         truth.conn.close()
         q.close()
     assert sorted(delivered) == sorted(sent)

@@ -52,7 +52,7 @@ COPY_MIN_ROWS = 500
 COPY_CHUNK = 5000  # rows of COPY text built and written at a time
 # What a claim from a floor adds to its rows for the next floor (floors.py; the first row's).
 FLOOR_COLUMNS = ("nth", "first_at", "first_id", "hidden", "oldest_snapshot", "oldest_write",
-                 "claimed_at")
+                 "open_topics", "gen", "claimed_at")
 # A listener that registered while a send that could not see it was in flight looks again
 # after this long, then twice as long each time, up to SETTLE_MAX_S (a long outbox transaction
 # is picked up within about that long of its commit).
@@ -491,7 +491,7 @@ class PostgresBackend(SqlBackend):
         plan = self.floors.plan(spec.topic) if spec.where is None and conn is None else PLAIN
         if plan.check:
             self.floors.checked(self._horizon())
-            plan = self.floors.plan(spec.topic) if self.floors.held else PLAIN
+            plan = self.floors.plan(spec.topic) if self.floors.on(spec.topic) else PLAIN
         if plan.floor is None:
             plain = self.Q.message_claim_ids if lean else self.Q.message_claim
         else:
@@ -516,7 +516,7 @@ class PostgresBackend(SqlBackend):
         row = self._read_one(self.Q.horizon)
         assert row is not None
         return Horizon(bool(row["hidden"]), row["oldest_snapshot"], row["oldest_write"],
-                       row["claimed_at"])
+                       row["claimed_at"], frozenset(row["open_topics"]))
 
     def message_take(self, spec: ClaimSpec) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, self.Q.message_take_where, spec)

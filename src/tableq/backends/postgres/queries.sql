@@ -326,21 +326,31 @@ FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l 
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 
 -- name: message_claim_floor :many
--- message_claim while a snapshot is held (floors.py): no live message of priority f_priority
--- sorts before (f_at, f_id), the floor, so that priority is read from there instead of from
--- its start, where the held snapshot keeps every dead row version since it began. `first` is
--- the first row of f_priority from the floor that this snapshot can see (locked or not, any
--- attempt count: the next floor can be no later), and that priority's claim starts there,
--- so the dead versions before it are walked once. The priorities above and below are read
--- from their start, in delivery order, one after the other, each only as far as the LIMIT
--- pulls it: the same rows, in the same order, as message_claim. The first row returned also
--- carries `first` and, when `look` (floors.LOOK_EVERY_S), the horizon (floors.Horizon), for
--- the next claim's floor.
-WITH first AS MATERIALIZED (
+-- message_claim while a snapshot is held or the topic has open load parts (floors.py): no
+-- live message of priority f_priority sorts before (f_at, f_id), the floor, so that priority
+-- is read from there instead of from its start, where the held snapshot keeps every dead row
+-- version since it began and open loads keep their unpublished rows. `first` is the first row
+-- of f_priority from the floor that this snapshot can see outside open loads (locked or not,
+-- any attempt count: the next floor can be no later), and that priority's claim starts there,
+-- so the dead versions and open rows before it are walked once. The priorities above and
+-- below are read from their start, in delivery order, one after the other, each only as far
+-- as the LIMIT pulls it: the same rows, in the same order, as message_claim. The first row
+-- returned also carries `first`, the topic's count of load publishes (`gen`) and, when `look`
+-- (floors.LOOK_EVERY_S), the horizon (floors.Horizon), for the next claim's floor.
+WITH floor AS MATERIALIZED (
+    -- The floor holds while no load part of the topic has been published since it was learned
+    -- (f_gen: 0008_open_load_floors.sql); otherwise the level is read from its start again.
+    SELECT g.gen, CASE WHEN g.gen <= %(f_gen)s THEN %(f_at)s::timestamptz END AS at,
+           CASE WHEN g.gen <= %(f_gen)s THEN %(f_id)s::bigint END AS id
+    FROM (SELECT COALESCE((SELECT n FROM {schema}.load_published WHERE topic = %(topic)s), 0)
+                 AS gen) g
+), first AS MATERIALIZED (
     SELECT available_at, id FROM {schema}.message
     WHERE topic = %(topic)s AND priority = %(f_priority)s
-      AND (available_at, id) >= (%(f_at)s::timestamptz, %(f_id)s::bigint)
+      AND (available_at, id) >= (COALESCE((SELECT at FROM floor), '-infinity'),
+                                 COALESCE((SELECT id FROM floor), 0))
       AND available_at <= statement_timestamp()
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
     ORDER BY available_at, id
     LIMIT 1
 ), above AS (
@@ -413,7 +423,7 @@ LEFT JOIN (SELECT *, row_number() OVER (ORDER BY due_priority DESC, due_at, id) 
            FROM leased) l ON true
 -- The floor's facts ride on the first row only (a claim may return a thousand).
 LEFT JOIN (SELECT f.available_at AS first_at, f.id AS first_id, h.hidden, h.oldest_snapshot,
-                  h.oldest_write,
+                  h.oldest_write, h.open_topics, (SELECT gen FROM floor) AS gen,
                   statement_timestamp() AS claimed_at
            FROM (SELECT 1) one LEFT JOIN first f ON true LEFT JOIN horizon h ON true) m
   ON COALESCE(l.nth, 1) = 1
@@ -527,12 +537,21 @@ FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b LEFT JOIN leased l 
 ORDER BY l.due_priority DESC, l.due_at, l.id;
 
 -- name: message_claim_ids_floor :many
--- message_claim_ids while a snapshot is held, from a floor as message_claim_floor.
-WITH first AS MATERIALIZED (
+-- message_claim_ids from a floor, as message_claim_floor.
+WITH floor AS MATERIALIZED (
+    -- The floor holds while no load part of the topic has been published since it was learned
+    -- (f_gen: 0008_open_load_floors.sql); otherwise the level is read from its start again.
+    SELECT g.gen, CASE WHEN g.gen <= %(f_gen)s THEN %(f_at)s::timestamptz END AS at,
+           CASE WHEN g.gen <= %(f_gen)s THEN %(f_id)s::bigint END AS id
+    FROM (SELECT COALESCE((SELECT n FROM {schema}.load_published WHERE topic = %(topic)s), 0)
+                 AS gen) g
+), first AS MATERIALIZED (
     SELECT available_at, id FROM {schema}.message
     WHERE topic = %(topic)s AND priority = %(f_priority)s
-      AND (available_at, id) >= (%(f_at)s::timestamptz, %(f_id)s::bigint)
+      AND (available_at, id) >= (COALESCE((SELECT at FROM floor), '-infinity'),
+                                 COALESCE((SELECT id FROM floor), 0))
       AND available_at <= statement_timestamp()
+      AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
     ORDER BY available_at, id
     LIMIT 1
 ), above AS (
@@ -594,7 +613,7 @@ FROM (SELECT count(*) AS dead_lettered FROM dead_lettered) b
 LEFT JOIN (SELECT *, row_number() OVER (ORDER BY priority DESC, due_at, id) AS nth
            FROM leased) l ON true
 LEFT JOIN (SELECT f.available_at AS first_at, f.id AS first_id, h.hidden, h.oldest_snapshot,
-                  h.oldest_write,
+                  h.oldest_write, h.open_topics, (SELECT gen FROM floor) AS gen,
                   statement_timestamp() AS claimed_at
            FROM (SELECT 1) one LEFT JOIN first f ON true LEFT JOIN horizon h ON true) m
   ON COALESCE(l.nth, 1) = 1
@@ -959,10 +978,18 @@ SELECT COALESCE(sum(rows), 0) AS n FROM {schema}.load_part
 WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open';
 
 -- name: load_part_publish :many
--- The O(parts) commit of directly loaded rows: their parts stop being open.
-UPDATE {schema}.load_part SET state = 'published'
-WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open'
-RETURNING topic, rows;
+-- The O(parts) commit of directly loaded rows: their parts stop being open, and each topic's
+-- count of publishes moves on, so that claims from floors read the topic from its start again
+-- (0008_open_load_floors.sql).
+WITH published AS (
+    UPDATE {schema}.load_part SET state = 'published'
+    WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open'
+    RETURNING topic, rows
+), counted AS (
+    INSERT INTO {schema}.load_published (topic, n) SELECT DISTINCT topic, 1 FROM published
+    ON CONFLICT (topic) DO UPDATE SET n = load_published.n + 1
+)
+SELECT topic, rows FROM published;
 
 -- name: load_part_drop :exec
 -- Every other open part of the job: failed or duplicate task attempts, or an aborted load.

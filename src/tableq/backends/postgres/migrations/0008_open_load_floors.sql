@@ -1,0 +1,39 @@
+-- Claims pass over open bulk loads from a floor (backends/postgres/floors.py).
+--
+-- The rows of an open load part sit in the claim index where they were copied, before every
+-- message sent to their topic after them, and a claim that reads the topic from its start
+-- walks all of them (500,000 open rows made a receive of one message 147 times slower). A
+-- floor may now pass over them, as it passes over dead row versions, for as long as they stay
+-- unpublished: once a part is published its rows are due where they sit, before any floor.
+--
+-- load_published counts the publishes of each topic's parts. The count moves in commit order
+-- (each publish updates the topic's row, so two publishes of one topic take turns), so a claim
+-- that reads a count no higher than the one its floor was learned under knows that no part of
+-- the topic has been published since; otherwise it reads the topic from the start again.
+CREATE TABLE {schema}.load_published (
+    topic text PRIMARY KEY,
+    n bigint NOT NULL
+);
+
+-- horizon() also names the topics with open load parts: a process claims those from floors
+-- even while no snapshot is held.
+DROP FUNCTION {schema}.horizon();
+CREATE FUNCTION {schema}.horizon(OUT hidden boolean, OUT oldest_snapshot timestamptz,
+                                 OUT oldest_write timestamptz, OUT open_topics text[])
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT bool_or(a.state IS NULL),
+           LEAST(min(a.xact_start) FILTER (WHERE a.backend_xmin IS NOT NULL),
+                 (SELECT '0001-01-01 00:00:00+00'::timestamptz FROM pg_replication_slots
+                  WHERE xmin IS NOT NULL LIMIT 1)),
+           LEAST(min(a.xact_start) FILTER (WHERE a.backend_xid IS NOT NULL),
+                 min(a.query_start) FILTER (WHERE a.wait_event_type = 'Lock'),
+                 (SELECT '0001-01-01 00:00:00+00'::timestamptz FROM pg_prepared_xacts
+                  WHERE database = current_database() LIMIT 1))
+    INTO hidden, oldest_snapshot, oldest_write
+    FROM pg_stat_activity a
+    -- Another role's session shows no state, start or type to a role without the right.
+    WHERE a.datname = current_database()
+      AND COALESCE(a.backend_type, 'client backend') = 'client backend';
+    open_topics := ARRAY(SELECT DISTINCT topic FROM {schema}.load_part WHERE state = 'open');
+END $$;
