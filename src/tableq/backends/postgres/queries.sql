@@ -978,18 +978,12 @@ SELECT COALESCE(sum(rows), 0) AS n FROM {schema}.load_part
 WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open';
 
 -- name: load_part_publish :many
--- The O(parts) commit of directly loaded rows: their parts stop being open, and each topic's
--- count of publishes moves on, so that claims from floors read the topic from its start again
--- (0008_open_load_floors.sql).
-WITH published AS (
-    UPDATE {schema}.load_part SET state = 'published'
-    WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open'
-    RETURNING topic, rows
-), counted AS (
-    INSERT INTO {schema}.load_published (topic, n) SELECT DISTINCT topic, 1 FROM published
-    ON CONFLICT (topic) DO UPDATE SET n = load_published.n + 1
-)
-SELECT topic, rows FROM published;
+-- The O(parts) commit of directly loaded rows: their parts stop being open (and a trigger moves
+-- each topic's count of publishes on, so that claims from floors read the topic from its start
+-- again: 0008_open_load_floors.sql).
+UPDATE {schema}.load_part SET state = 'published'
+WHERE job = %(job)s AND part = ANY(%(parts)b::bigint[]) AND state = 'open'
+RETURNING topic, rows;
 
 -- name: load_part_drop :exec
 -- Every other open part of the job: failed or duplicate task attempts, or an aborted load.

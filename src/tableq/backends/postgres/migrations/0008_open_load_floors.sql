@@ -15,6 +15,22 @@ CREATE TABLE {schema}.load_published (
     n bigint NOT NULL
 );
 
+-- Counted by a trigger, whoever flips a part from open to published (a client of an older
+-- version too, or SQL by hand), once per topic per statement, the topics' rows locked in
+-- sorted order (two publishes over the same topics cannot deadlock on them).
+CREATE FUNCTION {schema}.load_published_count() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {schema}.load_published AS p (topic, n)
+    SELECT DISTINCT n.topic, 1 FROM new_parts n JOIN old_parts o ON o.id = n.id
+    WHERE o.state = 'open' AND n.state = 'published'
+    ORDER BY 1
+    ON CONFLICT (topic) DO UPDATE SET n = p.n + 1;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER load_part_published AFTER UPDATE ON {schema}.load_part
+    REFERENCING OLD TABLE AS old_parts NEW TABLE AS new_parts
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.load_published_count();
+
 -- horizon() also names the topics with open load parts: a process claims those from floors
 -- even while no snapshot is held.
 DROP FUNCTION {schema}.horizon();
