@@ -222,6 +222,15 @@ def _floor_now(floors: Floors, topic: str) -> Any:
     return None if known is None else known[0]
 
 
+def _claim_ids_and_ack(backend: Any, topic: str, n: int) -> list[int]:
+    """The Spark source's claim (ids under one lease of its own), acked at once: the ids."""
+    lease = uuid.uuid4().hex
+    rows = backend.message_claim(ClaimSpec(topic, n, 30, 1000, lease=lease, ids_only=True)).rows
+    got = [r["id"] for r in rows]
+    backend.message_ack([(i, lease) for i in got], False)
+    return got
+
+
 def _drain(q: tableq.Queue, topic: str, delivered: list[int]) -> None:
     """Receives and acks until nothing is live (leases left to expire come back)."""
     while True:
@@ -295,12 +304,8 @@ def test_claims_from_floors_take_what_a_plain_claim_would(
                 expected = truth.next(topic, n)
                 plan = _floor_now(backend.floors, topic)
                 moved += plan is not None and plan[0] > START
-                if rng.random() < 0.3:  # the Spark source's claim: ids under one lease
-                    lease = uuid.uuid4().hex
-                    rows = backend.message_claim(ClaimSpec(topic, n, 30, 1000, lease=lease,
-                                                           ids_only=True)).rows
-                    got = [r["id"] for r in rows]
-                    backend.message_ack([(i, lease) for i in got], False)
+                if rng.random() < 0.3:
+                    got = _claim_ids_and_ack(backend, topic, n)
                     delivered.extend(got)
                 else:
                     short = rng.random() < 0.15  # leases that run out and come back
@@ -402,11 +407,7 @@ def test_claims_past_open_loads_take_what_a_plain_claim_would(pg_url: str) -> No
         plan = _floor_now(floors, topic)
         moved += plan is not None and plan[0] > START
         if rng.random() < 0.3:
-            lease = uuid.uuid4().hex
-            rows = backend.message_claim(ClaimSpec(topic, n, 30, 1000, lease=lease,
-                                                   ids_only=True)).rows
-            got = [r["id"] for r in rows]
-            backend.message_ack([(i, lease) for i in got], False)
+            got = _claim_ids_and_ack(backend, topic, n)
             delivered.extend(got)
         else:
             msgs = q.receive(topic, max=n, max_attempts=1000)

@@ -340,15 +340,14 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 WITH floor AS MATERIALIZED (
     -- The floor holds while no load part of the topic has been published since it was learned
     -- (f_gen: 0008_open_load_floors.sql); otherwise the level is read from its start again.
-    SELECT g.gen, CASE WHEN g.gen <= %(f_gen)s THEN %(f_at)s::timestamptz END AS at,
-           CASE WHEN g.gen <= %(f_gen)s THEN %(f_id)s::bigint END AS id
-    FROM (SELECT COALESCE((SELECT n FROM {schema}.load_published WHERE topic = %(topic)s), 0)
-                 AS gen) g
+    SELECT gen, CASE WHEN gen <= %(f_gen)s THEN %(f_at)s::timestamptz ELSE '-infinity' END AS at,
+           CASE WHEN gen <= %(f_gen)s THEN %(f_id)s::bigint ELSE 0 END AS id
+    FROM (SELECT COALESCE(max(n), 0) AS gen FROM {schema}.load_published
+          WHERE topic = %(topic)s) g
 ), first AS MATERIALIZED (
     SELECT available_at, id FROM {schema}.message
     WHERE topic = %(topic)s AND priority = %(f_priority)s
-      AND (available_at, id) >= (COALESCE((SELECT at FROM floor), '-infinity'),
-                                 COALESCE((SELECT id FROM floor), 0))
+      AND (available_at, id) >= ((SELECT at FROM floor), (SELECT id FROM floor))
       AND available_at <= statement_timestamp()
       AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
     ORDER BY available_at, id
@@ -541,15 +540,14 @@ ORDER BY l.due_priority DESC, l.due_at, l.id;
 WITH floor AS MATERIALIZED (
     -- The floor holds while no load part of the topic has been published since it was learned
     -- (f_gen: 0008_open_load_floors.sql); otherwise the level is read from its start again.
-    SELECT g.gen, CASE WHEN g.gen <= %(f_gen)s THEN %(f_at)s::timestamptz END AS at,
-           CASE WHEN g.gen <= %(f_gen)s THEN %(f_id)s::bigint END AS id
-    FROM (SELECT COALESCE((SELECT n FROM {schema}.load_published WHERE topic = %(topic)s), 0)
-                 AS gen) g
+    SELECT gen, CASE WHEN gen <= %(f_gen)s THEN %(f_at)s::timestamptz ELSE '-infinity' END AS at,
+           CASE WHEN gen <= %(f_gen)s THEN %(f_id)s::bigint ELSE 0 END AS id
+    FROM (SELECT COALESCE(max(n), 0) AS gen FROM {schema}.load_published
+          WHERE topic = %(topic)s) g
 ), first AS MATERIALIZED (
     SELECT available_at, id FROM {schema}.message
     WHERE topic = %(topic)s AND priority = %(f_priority)s
-      AND (available_at, id) >= (COALESCE((SELECT at FROM floor), '-infinity'),
-                                 COALESCE((SELECT id FROM floor), 0))
+      AND (available_at, id) >= ((SELECT at FROM floor), (SELECT id FROM floor))
       AND available_at <= statement_timestamp()
       AND (load_part IS NULL OR load_part NOT IN (SELECT id FROM {schema}.load_part WHERE state = 'open'))
     ORDER BY available_at, id

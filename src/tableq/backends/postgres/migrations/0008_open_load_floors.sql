@@ -32,24 +32,13 @@ CREATE TRIGGER load_part_published AFTER UPDATE ON {schema}.load_part
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.load_published_count();
 
 -- horizon() also names the topics with open load parts: a process claims those from floors
--- even while no snapshot is held.
-DROP FUNCTION {schema}.horizon();
+-- even while no snapshot is held. 0006's function keeps its work under a name of its own.
+ALTER FUNCTION {schema}.horizon() RENAME TO transactions_horizon;
 CREATE FUNCTION {schema}.horizon(OUT hidden boolean, OUT oldest_snapshot timestamptz,
                                  OUT oldest_write timestamptz, OUT open_topics text[])
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    SELECT bool_or(a.state IS NULL),
-           LEAST(min(a.xact_start) FILTER (WHERE a.backend_xmin IS NOT NULL),
-                 (SELECT '0001-01-01 00:00:00+00'::timestamptz FROM pg_replication_slots
-                  WHERE xmin IS NOT NULL LIMIT 1)),
-           LEAST(min(a.xact_start) FILTER (WHERE a.backend_xid IS NOT NULL),
-                 min(a.query_start) FILTER (WHERE a.wait_event_type = 'Lock'),
-                 (SELECT '0001-01-01 00:00:00+00'::timestamptz FROM pg_prepared_xacts
-                  WHERE database = current_database() LIMIT 1))
-    INTO hidden, oldest_snapshot, oldest_write
-    FROM pg_stat_activity a
-    -- Another role's session shows no state, start or type to a role without the right.
-    WHERE a.datname = current_database()
-      AND COALESCE(a.backend_type, 'client backend') = 'client backend';
+    SELECT t.hidden, t.oldest_snapshot, t.oldest_write INTO hidden, oldest_snapshot, oldest_write
+    FROM {schema}.transactions_horizon() t;
     open_topics := ARRAY(SELECT DISTINCT topic FROM {schema}.load_part WHERE state = 'open');
 END $$;
