@@ -149,11 +149,11 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             if (r["case"]["scenario"], r["case"]["db"]) not in redone]
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(new["started"]))
     pairs = sorted({f"{scenario} ({db})" for scenario, db in redone})
+    took = new.get("finished", new["started"]) - new["started"]
     note = (f"{', '.join(pairs)} re-measured in a second run at {stamp} "
-            f"({new['rounds']} round(s), `{' '.join(new.get('argv', []))}`)")
+            f"({new['rounds']} round(s), {took / 60:.0f} min, `{' '.join(new.get('argv', []))}`)")
     return {**old, "records": kept + new["records"],
-            "updates": [*old.get("updates", []), note],
-            "finished": max(old.get("finished", 0), new.get("finished", 0))}
+            "updates": [*old.get("updates", []), note]}
 
 
 def main(argv: list[str] | None = None) -> None:

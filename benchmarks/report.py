@@ -280,14 +280,16 @@ def _params_line(run: dict[str, Any]) -> str:
 
 def results_markdown(run: dict[str, Any]) -> str:
     res = Results(run)
-    took = run.get("finished", run["started"]) - run["started"]
+    # The cases' own wall times: a run merged by --update keeps its first run's start, so
+    # start to finish would count the hours between the runs.
+    took = sum(rec.get("wall_s", 0.0) for rec in run["records"])
     env, servers = run.get("environment", {}), run.get("servers", {})
     lines = [
         "# tableq benchmarks: results",
         "",
         f"Written by `python -m benchmarks` (`make bench`) on {_when(run)} UTC; mode "
         f"**{run['mode']}**, {run['rounds']} interleaved round(s) (every case once per round, "
-        f"in a shuffled order; long cases once per run), run time {took / 60:.0f} min. "
+        f"in a shuffled order; long cases once per run); the cases shown took {took / 60:.0f} min. "
         "Every case runs in its own process against a fresh database (or SQLite file) on the "
         "same servers. Figures are medians with the range over rounds in brackets. No-op jobs, "
         f"~100-byte JSON payloads. Command line: `python -m benchmarks "
