@@ -142,3 +142,23 @@ def test_a_vacuum_skipped_for_a_lock_keeps_the_vacuumer_on(pg_url: str) -> None:
         _churn(q, 2 * MIN_CHURN)
         wait_until(lambda: backend.vacuumer.runs >= 1)
         assert not backend.vacuumer._off
+
+
+def test_vacuums_keep_the_tail_pages_for_reuse(pg_url: str) -> None:
+    """A vacuum that truncates holds the table's vacuum lock for up to 5 s waiting for an
+    exclusive one, and the backend's own vacuum is skipped meanwhile: no vacuum of the
+    message table truncates it unless told to (0009_keep_tail_pages.sql)."""
+    schema = pg_url.rsplit("schema=", 1)[1]
+    heap = "SELECT pg_relation_size(%s)"
+    with tableq.connect(pg_url, migrate=True, vacuum=False) as q, \
+            psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as c:
+        q.send_many("t", [{"i": i, "pad": "x" * 80} for i in range(BACKLOG)])
+        while msgs := q.receive("t", max=100):
+            q.ack_many(msgs)
+        drained = c.execute(heap, (f'"{schema}".message',)).fetchone()
+        c.execute(f'VACUUM "{schema}".message')  # as autovacuum would: the table's setting
+        kept = c.execute(heap, (f'"{schema}".message',)).fetchone()
+        c.execute(f'VACUUM (TRUNCATE true) "{schema}".message')  # by hand, when quiet
+        given_back = c.execute(heap, (f'"{schema}".message',)).fetchone()
+    assert drained is not None and kept == drained and drained[0] > 0, (drained, kept)
+    assert given_back == (0,), (drained, given_back)
