@@ -5,7 +5,7 @@
 -- leaves free, and holds the table's vacuum lock all that time, so the backend's own
 -- VACUUM (SKIP_LOCKED) is skipped and the churn of those seconds piles up. With a 20k backlog
 -- and 3M messages through (send_many / receive / ack_many 1000 at a time, 6.5k a second,
--- a throwaway cluster), each autovacuum visit left the claim index and the heap a step
+-- a throwaway cluster), autovacuum's visits left the claim index and the heap a step
 -- larger: 1,516 pages after 1M, then 1,668, 1,602, 1,667, 1,555 after 3M (claim index 403
 -- -> 433 pages), against 1,518 pages from 1M to 3M with this setting (claim index 405
 -- throughout). The space is reused instead; `VACUUM (TRUNCATE true)` of the table by hand
