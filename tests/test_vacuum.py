@@ -59,10 +59,12 @@ def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) ->
         v.close()
 
 
-def _size(url: str) -> int:
+def _size(url: str, heap_only: bool = False) -> int:
+    """Bytes of the message table with its indexes, or of its heap alone."""
     schema = url.rsplit("schema=", 1)[1]
+    size = "pg_relation_size" if heap_only else "pg_total_relation_size"
     with psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as c:
-        row = c.execute("SELECT pg_total_relation_size(%s)", (f'"{schema}".message',)).fetchone()
+        row = c.execute(f"SELECT {size}(%s)", (f'"{schema}".message',)).fetchone()
     return int(row[0])  # type: ignore[index]
 
 
@@ -148,17 +150,16 @@ def test_vacuums_keep_the_tail_pages_for_reuse(pg_url: str) -> None:
     """A vacuum that truncates holds the table's vacuum lock for up to 5 s waiting for an
     exclusive one, and the backend's own vacuum is skipped meanwhile: no vacuum of the
     message table truncates it unless told to (0009_keep_tail_pages.sql)."""
-    schema = pg_url.rsplit("schema=", 1)[1]
-    heap = "SELECT pg_relation_size(%s)"
+    table = f'"{pg_url.rsplit("schema=", 1)[1]}".message'
     with tableq.connect(pg_url, migrate=True, vacuum=False) as q, \
             psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as c:
         q.send_many("t", [{"i": i, "pad": "x" * 80} for i in range(BACKLOG)])
         while msgs := q.receive("t", max=100):
             q.ack_many(msgs)
-        drained = c.execute(heap, (f'"{schema}".message',)).fetchone()
-        c.execute(f'VACUUM "{schema}".message')  # as autovacuum would: the table's setting
-        kept = c.execute(heap, (f'"{schema}".message',)).fetchone()
-        c.execute(f'VACUUM (TRUNCATE true) "{schema}".message')  # by hand, when quiet
-        given_back = c.execute(heap, (f'"{schema}".message',)).fetchone()
-    assert drained is not None and kept == drained and drained[0] > 0, (drained, kept)
-    assert given_back == (0,), (drained, given_back)
+        drained = _size(pg_url, heap_only=True)
+        c.execute(f"VACUUM {table}")  # as autovacuum would: the table's setting
+        kept = _size(pg_url, heap_only=True)
+        c.execute(f"VACUUM (TRUNCATE true) {table}")  # by hand, when quiet
+        given_back = _size(pg_url, heap_only=True)
+    assert drained > 0 and kept == drained, (drained, kept)
+    assert given_back == 0, (drained, given_back)
