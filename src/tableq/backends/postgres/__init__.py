@@ -34,7 +34,7 @@ from tableq.backends.base import (
 )
 from tableq.backends.postgres.errors import map_errors
 from tableq.backends.postgres.floors import PLAIN, Floors, Horizon
-from tableq.backends.postgres.vacuum import Swept, Vacuumer, log
+from tableq.backends.postgres.vacuum import COUNTED_BELOW, Swept, Vacuumer, log
 from tableq.backends.sql import Cursor, Params, SqlBackend
 from tableq.errors import DatabaseError, DuplicateMessage, LoadIncomplete, UnsupportedDatabase
 from tableq.names import ANY_TOPIC
@@ -251,28 +251,36 @@ class PostgresBackend(SqlBackend):
             self.vacuumer.churned(n)
 
     def _vacuum(self) -> Swept | None:
-        """VACUUM (SKIP_LOCKED) of the message table, then what it left; None when this role
-        may not vacuum it (PostgreSQL skips it with a warning, not an error)."""
-        skipped: list[str] = []
+        """VACUUM (SKIP_LOCKED) of the message table, then what it left; skipped when another
+        holds the table; None when this role may not vacuum it (PostgreSQL skips both with a
+        warning, not an error)."""
+        refused: list[str] = []
+        locked: list[bool] = []
 
         def notice(diag: psycopg.errors.Diagnostic) -> None:
-            # A vacuum of another process or autovacuum holds the table: SKIP_LOCKED skips
-            # it with a warning too (lock_not_available), and that one is doing the work.
-            if diag.severity_nonlocalized == "WARNING" and diag.sqlstate != LOCK_NOT_AVAILABLE:
-                skipped.append(diag.message_primary or "")
+            # Autovacuum's VACUUM or ANALYZE, or another process's vacuum, holds the table:
+            # SKIP_LOCKED skips it with a warning too (lock_not_available).
+            if diag.severity_nonlocalized != "WARNING":
+                return
+            if diag.sqlstate == LOCK_NOT_AVAILABLE:
+                locked.append(True)
+            else:
+                refused.append(diag.message_primary or "")
         with self.pool.connection() as c, self.map_errors():
             c.add_notice_handler(notice)
             try:
                 c.execute(self.Q.message_vacuum)
             finally:
                 c.remove_notice_handler(notice)
-            if skipped:
+            if refused:
                 log.warning("tableq: cannot vacuum %s.message (%s); autovacuum alone keeps it "
                             "small, which a busy queue outgrows: let this role own the schema, "
                             "or pass vacuum=False to connect() to stop trying", self.schema,
-                            skipped[0])
+                            refused[0])
                 return None
-            row = c.execute(self.Q.message_swept).fetchone()
+            if locked:
+                return Swept(0.0, 0.0, skipped=True)
+            row = c.execute(self.Q.message_swept, {"counted": COUNTED_BELOW}).fetchone()
             return Swept(float(row[0]), float(row[1])) if row else Swept(0.0, 0.0)
 
     def map_errors(self) -> AbstractContextManager[None]:
