@@ -14,6 +14,7 @@ import pytest
 
 import tableq
 from tableq.backends.postgres.vacuum import (
+    CHURN_SHARE,
     COUNTED_BELOW,
     DUTY,
     MIN_CHURN,
@@ -35,8 +36,9 @@ def test_vacuum_waits_for_churn_and_paces_a_vacuum_that_removed_little() -> None
     clean, big, stuck = Swept(0, 0), Swept(100_000, 0), Swept(0, 10**6)
     assert vacuum_wait(MIN_CHURN - 1, clean, 100.0, 0.0) is None  # a small table grows a bit
     assert vacuum_wait(MIN_CHURN, clean, 0.0, 0.0) == 0.0
-    assert vacuum_wait(40_000, big, 100.0, 0.0) is None  # not yet half the table's rows
-    assert vacuum_wait(50_000, big, 0.0, 0.0) == 0.0
+    share = int(CHURN_SHARE * 100_000)
+    assert vacuum_wait(share - 1, big, 100.0, 0.0) is None  # not yet its share of the rows
+    assert vacuum_wait(share, big, 0.0, 0.0) == 0.0
     # A slow vacuum that removed what churned does not hold the next one back ...
     assert vacuum_wait(10**9, clean, 0.0, 5.0) == 0.0
     # ... one that could not (a long transaction holds the rows) waits DUTY times its length.

@@ -21,10 +21,14 @@ from dataclasses import dataclass
 log = logging.getLogger("tableq.vacuum")
 
 # Vacuum once the row versions this process made dead since the last vacuum reach this share
-# of the table's rows. A 20k backlog with 1M messages through at 9k a second ended at 1.86x
-# its size (left to autovacuum, 45x); a 2k backlog levelled off at 3.0x (28x left to
-# autovacuum, and growing).
-CHURN_SHARE = 0.5
+# of the table's rows. Left to autovacuum, a 20k backlog with 1M messages through at 9k a
+# second grew 45x, a 2k backlog 28x and growing. The table settles where it holds its rows
+# and one interval's churn: with a 20k backlog, 800k through (alternating runs on one
+# throwaway cluster), 0.5 held 1,516-1,521 pages of 805 at the start, 0.35 1,347-1,357 and
+# 0.25 1,239-1,245; 0.35 also churned fastest (median 59 s against 66 s for 0.5 over three
+# pairs, 44-47 s against 48-51 s for 0.25 over two): a smaller table is quicker to claim
+# from and to vacuum.
+CHURN_SHARE = 0.35
 # The table's rows are counted after a vacuum while there are fewer than this many (an
 # index-only count, cheap once the vacuum marked the pages visible: 2.1 ms for 20,000, 8.7 ms
 # for 100,000); beyond, the server's estimate. That estimate drifts up as the table grows (the
