@@ -18,10 +18,13 @@ from tableq.backends.postgres.vacuum import (
     COUNTED_BELOW,
     DUTY,
     MIN_CHURN,
+    QUICK_SKIPS,
     RETRY_S,
+    SKIPPED_RETRY_MAX_S,
     SKIPPED_RETRY_S,
     Swept,
     Vacuumer,
+    skipped_wait,
     vacuum_wait,
 )
 from tableq.testing import wait_until
@@ -72,20 +75,25 @@ def test_vacuumer_outlives_a_failing_vacuum(caplog: pytest.LogCaptureFixture) ->
 
 def test_a_skipped_vacuum_keeps_its_churn_and_is_tried_again_soon() -> None:
     """Another holding the table (autovacuum's ANALYZE, each minute) skips the backend's
-    vacuum: counted as done, it let twice the churn in before the next, and the table grew."""
+    vacuum: counted as done, it let twice the churn in before the next, and the table grew.
+    Skips in a row wait longer each time (each is a line in the server's log)."""
+    assert skipped_wait(1) == skipped_wait(QUICK_SKIPS) == SKIPPED_RETRY_S
+    assert skipped_wait(QUICK_SKIPS + 2) == 4 * SKIPPED_RETRY_S
+    assert skipped_wait(10**6) == SKIPPED_RETRY_MAX_S  # an autovacuum holding it for days
     calls: list[float] = []
 
     def vacuum() -> Swept:
         calls.append(time.monotonic())
-        return Swept(0.0, 0.0, skipped=len(calls) == 1)
+        return Swept(0.0, 0.0, skipped=len(calls) <= 3)
 
     v = Vacuumer(vacuum, "here")
     try:
         v.churned(MIN_CHURN)  # one batch of churn, no more: only the kept churn calls again
         wait_until(lambda: v.runs == 1)
-        assert len(calls) == 2
-        assert calls[1] - calls[0] >= SKIPPED_RETRY_S
-        assert v._churn == 0
+        assert len(calls) == 4
+        gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+        assert all(gap >= skipped_wait(n) for n, gap in enumerate(gaps, 1)), gaps
+        assert v._churn == 0 and v._skips == 0
     finally:
         v.close()
 

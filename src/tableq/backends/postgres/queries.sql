@@ -95,9 +95,9 @@ UPDATE {schema}.test_clock SET clock = clock + make_interval(secs => %(by_s)s);
 -- name: message_vacuum :exec
 -- Run by the backend itself once enough rows churned (vacuum.py); SKIP_LOCKED: when another
 -- (autovacuum's VACUUM or ANALYZE, another process's vacuum) holds the table, this one is
--- skipped with a warning and tried again soon, not waited for. TRUNCATE
--- false: giving empty tail pages back waits for a lock no busy queue leaves free (vacuums of
--- 2-10 ms took 50-150 ms, and the pacing let the table grow meanwhile); the space is reused.
+-- skipped with a warning and tried again soon, not waited for. TRUNCATE false: giving empty
+-- tail pages back waits for a lock no busy queue leaves free (vacuums of 2-10 ms took 50-150
+-- ms, and the pacing let the table grow meanwhile); the space is reused.
 VACUUM (SKIP_LOCKED, TRUNCATE false) {schema}.message;
 
 -- name: message_swept :one
@@ -106,9 +106,8 @@ VACUUM (SKIP_LOCKED, TRUNCATE false) {schema}.message;
 -- then waits as for a vacuum that removed little). Live rows are counted while there are
 -- fewer than vacuum.py's COUNTED_BELOW (an index-only count, which the vacuum just made cheap),
 -- the planner's estimate beyond. The estimate alone fed on the table's growth: VACUUM
--- extrapolates the rows of the pages it skips, a 20k backlog read as 26k after 4M messages
--- through, the pacing let that much more churn in between vacuums, and the table grew in
--- steps to hold it (1,508 pages at 0.8M, 2,240 at 4M; vacuum.py).
+-- extrapolates the rows of the pages it skips, a 20k backlog read as up to 27k, and the
+-- pacing let that much more churn in between vacuums (vacuum.py).
 SELECT CASE WHEN l.n < %(counted)s THEN l.n ELSE GREATEST(c.reltuples, l.n) END AS n,
        COALESCE(s.n_dead_tup, 0) AS dead
 FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid,

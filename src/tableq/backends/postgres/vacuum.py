@@ -48,10 +48,15 @@ DUTY = 10.0
 # After a failed vacuum (the database away), the next try waits this long.
 RETRY_S = 10.0
 # A vacuum skipped because another holds the table (autovacuum's VACUUM or ANALYZE, another
-# process's) keeps its churn and is tried again this soon. Counted as done, it let twice the
-# churn in before the next one: each minute's autovacuum visit that met one of the backend's
-# vacuums left the table a step larger (1,516 -> 1,893 pages at 1M messages through).
+# process's) keeps its churn and is tried again this soon, for QUICK_SKIPS skips in a row
+# (autovacuum's ANALYZE of the table held it 0.09-0.12 s), then twice as long after each one
+# up to SKIPPED_RETRY_MAX_S (each skip is a line in the server's log, and an autovacuum of a
+# big table holds it for minutes). Counted as done, a skip let twice the churn in before the
+# next vacuum: each minute's autovacuum visit that met one of the backend's vacuums left the
+# table a step larger (1,516 -> 1,893 pages at 1M messages through).
 SKIPPED_RETRY_S = 0.05
+QUICK_SKIPS = 10
+SKIPPED_RETRY_MAX_S = 2.0
 # While a snapshot is held (the claims' horizon, floors.py) a vacuum can remove nothing that
 # churned since it began, and one over millions of dead versions slowed every commit beside
 # it (acks of 0.3-0.4 s for seconds at a time): it waits, looking again this often.
@@ -67,6 +72,12 @@ class Swept:
     rows: float
     dead: float
     skipped: bool = False
+
+
+def skipped_wait(skips: int) -> float:
+    """Seconds before trying again after `skips` skipped vacuums in a row (1 or more)."""
+    doublings = min(max(skips - QUICK_SKIPS, 0), 16)
+    return min(SKIPPED_RETRY_S * 2.0 ** doublings, SKIPPED_RETRY_MAX_S)
 
 
 def vacuum_wait(churn: int, last: Swept, since_s: float, last_took_s: float) -> float | None:
@@ -86,7 +97,7 @@ class Vacuumer:
     vacuum_wait says so and `held()` does not. `vacuum()` vacuums and returns what it left
     (Swept), or None when it cannot vacuum (not the table's owner): then the Vacuumer stops
     for good. Errors (the database away) are logged and the churn is kept for the next try;
-    so is a skipped vacuum's, tried again SKIPPED_RETRY_S later."""
+    so is a skipped vacuum's, tried again after skipped_wait."""
 
     def __init__(self, vacuum: Callable[[], Swept | None], where: str,
                  held: Callable[[], bool] = lambda: False) -> None:
@@ -101,6 +112,7 @@ class Vacuumer:
         self._off = False
         self._failing = False
         self._retry_at = 0.0
+        self._skips = 0
         self.runs = 0  # vacuums finished by this process (tests and tuning read it)
         ref = weakref.ref(self)
 
@@ -159,8 +171,10 @@ class Vacuumer:
             with self._cond:
                 end = time.monotonic()
                 if swept is not None and swept.skipped:
-                    self._retry_at = end + SKIPPED_RETRY_S
+                    self._skips += 1
+                    self._retry_at = end + skipped_wait(self._skips)
                     continue
+                self._skips = 0
                 self._last_end, self._last_took = end, end - began
                 self._churn -= counted
                 if swept is None:
