@@ -98,12 +98,16 @@ def test_a_skipped_vacuum_keeps_its_churn_and_is_tried_again_soon() -> None:
         v.close()
 
 
+def _table(url: str) -> str:
+    """The quoted name of the message table in the test's schema."""
+    return f'"{url.rsplit("schema=", 1)[1]}".message'
+
+
 def _size(url: str, heap_only: bool = False) -> int:
     """Bytes of the message table with its indexes, or of its heap alone."""
-    schema = url.rsplit("schema=", 1)[1]
     size = "pg_relation_size" if heap_only else "pg_total_relation_size"
     with psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as c:
-        row = c.execute(f"SELECT {size}(%s)", (f'"{schema}".message',)).fetchone()
+        row = c.execute(f"SELECT {size}(%s)", (_table(url),)).fetchone()
     return int(row[0])  # type: ignore[index]
 
 
@@ -172,10 +176,9 @@ def test_a_role_that_may_not_vacuum_is_told_once(pg_url: str,
 def test_a_vacuum_skipped_for_a_lock_keeps_the_vacuumer_on(pg_url: str) -> None:
     """Autovacuum (or another process's vacuum) holding the table makes VACUUM (SKIP_LOCKED)
     skip it with a warning: that is no reason to stop vacuuming, unlike a missing right."""
-    schema = pg_url.rsplit("schema=", 1)[1]
     with tableq.connect(pg_url, migrate=True) as q, \
             psycopg.connect(_conninfo_pg(PG_URL)) as holder:
-        holder.execute(f'LOCK TABLE "{schema}".message IN SHARE UPDATE EXCLUSIVE MODE')
+        holder.execute(f"LOCK TABLE {_table(pg_url)} IN SHARE UPDATE EXCLUSIVE MODE")
         backend = q._backend  # type: ignore[attr-defined]
         swept = backend._vacuum()
         holder.rollback()
@@ -189,7 +192,7 @@ def test_vacuums_keep_the_tail_pages_for_reuse(pg_url: str) -> None:
     """A vacuum that truncates holds the table's vacuum lock for up to 5 s waiting for an
     exclusive one, and the backend's own vacuum is skipped meanwhile: no vacuum of the
     message table truncates it unless told to (0009_keep_tail_pages.sql)."""
-    table = f'"{pg_url.rsplit("schema=", 1)[1]}".message'
+    table = _table(pg_url)
     with tableq.connect(pg_url, migrate=True, vacuum=False) as q, \
             psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as c:
         q.send_many("t", [{"i": i, "pad": "x" * 80} for i in range(BACKLOG)])
@@ -208,7 +211,7 @@ def test_a_vacuum_counts_a_small_table_s_rows(pg_url: str) -> None:
     """The pacing's share of the table comes from a count below COUNTED_BELOW rows, not from
     the server's estimate: VACUUM extrapolates the rows of the pages it skips from the last
     estimate, which drifted up as the table grew under churn, and let more churn in."""
-    table = f'"{pg_url.rsplit("schema=", 1)[1]}".message'
+    table = _table(pg_url)
     with tableq.connect(pg_url, migrate=True, vacuum=False) as q, \
             psycopg.connect(_conninfo_pg(PG_URL), autocommit=True) as c:
         q.send_many("t", [{"i": i, "pad": "x" * 80} for i in range(BACKLOG)])
