@@ -9,12 +9,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
 import pytest
 
 import tableq
+import tableq.doctor
 from tableq.cli.doctor import Duration
 from tableq.doctor import (
     Finding,
@@ -28,6 +30,7 @@ from tableq.doctor import (
     judge_postgres_cleanup,
     judge_postgres_durability,
     judge_schema,
+    judge_size,
     judge_sqlite_durability,
     judge_transactions,
     worst,
@@ -138,6 +141,34 @@ def test_cleanup_judgement() -> None:
     assert judge_mysql_cleanup({"history_length": 5_000_000})[0].level == "risk"
 
 
+def test_free_space_judgement() -> None:
+    big = 300 * 2**20
+    pg = {"table": "tq.message", "heap_bytes": big, "index_bytes": 60 * 2**20,
+          "live_rows": 20_000, "row_bytes": 300}
+    (f,) = judge_size("postgres", pg)
+    assert f.level == "warn" and "VACUUM (TRUNCATE true) tq.message;" in f.advice
+    assert "VACUUM FULL tq.message;" in f.advice and f.facts["spare_bytes"] == big - 6_000_000
+    (f,) = judge_size("postgres", {**pg, "live_rows": 900_000})  # a big table that is full
+    assert f.level == "ok" and f.advice is None
+    (f,) = judge_size("postgres", {**pg, "row_bytes": None, "live_rows": 400_000})
+    assert f.level == "ok"  # no ANALYZE yet: a row is taken as 256 bytes
+    (f,) = judge_size("postgres", {**pg, "heap_bytes": 40 * 2**20, "live_rows": 0})
+    assert f.level == "ok"  # little to give back, however empty
+    my = {"table": "`db`.tableq_message", "data_bytes": 16384, "index_bytes": 32768,
+          "free_bytes": big, "live_rows": 0, "file_per_table": 1}
+    (f,) = judge_size("mysql", my)
+    assert f.level == "warn" and "OPTIMIZE TABLE `db`.tableq_message;" in f.advice
+    assert "file system" in f.advice
+    assert "shared tablespace" in judge_size("mysql", {**my, "file_per_table": 0})[0].advice
+    assert judge_size("mysql", {**my, "data_bytes": 2 * big})[0].level == "ok"
+    lite = {"table": "/srv/q.db", "page_count": 100_000, "free_pages": 90_000,
+            "page_size": 4096}
+    (f,) = judge_size("sqlite", lite)
+    assert f.level == "warn" and "sqlite3 /srv/q.db 'VACUUM'" in f.advice
+    assert judge_size("sqlite", {**lite, "free_pages": 10})[0].level == "ok"
+    assert judge_size("mysql", {"table": "`db`.tableq_message"})[0].level == "ok"  # no table
+
+
 def test_schema_and_clock_judgement() -> None:
     assert judge_schema({"applied": [1, 2], "known": [1, 2]})[0].level == "ok"
     (f,) = judge_schema({"applied": [1], "known": [1, 2]})
@@ -185,7 +216,7 @@ def test_clean_sqlite_passes_with_exit_code_0(tmp_path: Path) -> None:
     assert code == 0, (findings, err)
     assert set(levels(findings).values()) == {"ok"}
     assert {"durability.synchronous", "durability.journal_mode", "durability.wal_size",
-            "schema.migrations", "clock.offset"} == set(levels(findings))
+            "cleanup.free_space", "schema.migrations", "clock.offset"} == set(levels(findings))
     env = {k: v for k, v in os.environ.items() if k != "TABLEQ_URL"}
     env["PYTHONPATH"] = str(SRC_DIR)
     table = subprocess.run([sys.executable, "-m", "tableq.cli", "doctor", "--url", url],
@@ -238,6 +269,53 @@ def test_pending_migrations_are_risky_and_doctor_changes_nothing(db_url: str) ->
     with tableq.connect(db_url, migrate=True) as q:
         (f,) = [f for f in diagnose(q) if f.check == "schema.migrations"]
         assert f.level == "ok"
+
+
+def test_free_space_after_a_burst_and_its_advice(db_url: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drained burst leaves free space that later sends reuse; doctor says so and names the
+    statement that gives it back, which does, on every backend."""
+    from dbhelpers import driver_connection
+
+    monkeypatch.setattr(tableq.doctor, "SPARE_BYTES_WARN", 2**20)  # 20,000 rows, not millions
+    with tableq.connect(db_url, migrate=True) as q:
+        def free_space() -> Finding:
+            (f,) = [f for f in diagnose(q) if f.check == "cleanup.free_space"]
+            return f
+
+        for i in range(0, 20_000, 1000):
+            q.send_many("burst", [{"n": n, "pad": "x" * 100} for n in range(i, i + 1000)])
+        assert free_space().facts["total_bytes"] > 2**20
+        while got := q.receive("burst", max=1000):
+            q.ack_many(got)
+        table = free_space().facts["table"]
+        conn = driver_connection(db_url)
+        try:
+            if q.dialect == "sqlite":
+                conn.isolation_level = None
+            else:
+                conn.autocommit = True
+            cur = conn.cursor()
+            if q.dialect == "postgres":
+                cur.execute(f"ANALYZE {table}")  # the drained table's live rows, counted
+            deadline = time.monotonic() + 30
+            while (f := free_space()).level != "warn" and time.monotonic() < deadline:
+                time.sleep(0.5)  # InnoDB's purge frees the drained pages in the background
+            assert f.level == "warn", f
+            advised, statement = {
+                "postgres": (f"VACUUM (TRUNCATE true) {table};", f"VACUUM (TRUNCATE true) {table}"),
+                "mysql": (f"OPTIMIZE TABLE {table};", f"OPTIMIZE TABLE {table}"),
+                "sqlite": (f"sqlite3 {table} 'VACUUM'", "VACUUM")}[q.dialect]
+            assert advised in f.advice, f.advice
+            cur.execute(statement)
+            if q.dialect == "mysql":
+                cur.fetchall()
+        finally:
+            conn.close()
+        f = free_space()
+        assert f.level == "ok" and f.facts["spare_bytes"] < f.facts["total_bytes"] // 4 + 2**20, f
+        q.send("burst", {"after": True})  # the queue works on after it
+        assert q.receive("burst")[0].payload == {"after": True}
 
 
 def _tables(url: str, q: tableq.Queue) -> set[str]:

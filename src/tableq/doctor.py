@@ -25,6 +25,9 @@ MAX_TRANSACTION_AGE_S = 300.0  # a snapshot held longer keeps five minutes of ch
 MAX_CLOCK_OFFSET_S = 1.0
 DEAD_ROWS_WARN = 100_000  # and more dead than live rows: autovacuum is not keeping up
 HISTORY_WARN, HISTORY_RISK = 100_000, 1_000_000  # InnoDB undo records purge has not removed
+SPARE_BYTES_WARN = 64 * 1024 * 1024  # free space left by a past burst, and at least...
+SPARE_SHARE_WARN = 0.75  # ...this share of the table's file: worth giving back by hand
+ROW_BYTES_GUESS = 256  # PostgreSQL before an ANALYZE: a message row with a ~100-byte payload
 WAL_BYTES_WARN = 64 * 1024 * 1024  # SQLite: the WAL should be reset by checkpoints well before
 
 
@@ -317,6 +320,55 @@ def judge_mysql_cleanup(s: Mapping[str, Any]) -> list[Finding]:
                     f"InnoDB's history list holds {length:,} undo records", None, facts)]
 
 
+# --- space left by a past burst ------------------------------------------------------------
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
+
+
+def judge_size(dialect: str, s: Mapping[str, Any]) -> list[Finding]:
+    """Free space a drained burst left in the message table's file (the whole file on SQLite).
+    Later sends reuse it, so it costs disk, not speed; giving it back is a manual step.
+    `s["table"]` names the message table (the database file on SQLite) for the advice."""
+    table = s.get("table")
+    if not table or len(s) == 1:
+        return [Finding("cleanup.free_space", "ok", "no size statistics for the message table")]
+    if dialect == "postgres":
+        heap, index = int(s["heap_bytes"]), int(s["index_bytes"])
+        row = s.get("row_bytes") or ROW_BYTES_GUESS
+        total, spare = heap, max(0, heap - int(s["live_rows"] or 0) * int(row))
+        what = f"{table} takes {_mib(heap)} (its indexes {_mib(index)})"
+        advice = (f"at a quiet time, VACUUM (TRUNCATE true) {table}; gives the empty pages at "
+                  "the file's end back (tableq's own vacuums keep them for reuse); VACUUM FULL "
+                  f"{table}; rewrites the table and its indexes to their live size, but sends "
+                  "and receives wait while it runs")
+    elif dialect == "mysql":
+        data, index = int(s["data_bytes"] or 0), int(s["index_bytes"] or 0)
+        spare = int(s["free_bytes"] or 0)
+        total = data + index + spare
+        what = f"{table} takes {_mib(total)}"
+        advice = (f"OPTIMIZE TABLE {table}; rebuilds it in place (InnoDB keeps sends and "
+                  "receives running, pausing them briefly at its start and end)" + (
+                      " and gives the space back to the file system" if s.get("file_per_table")
+                      else "; with innodb_file_per_table off the shared tablespace keeps it"))
+    else:
+        size = int(s["page_size"])
+        total, spare = int(s["page_count"]) * size, int(s["free_pages"]) * size
+        what = f"the database file takes {_mib(total)}"
+        advice = (f"at a quiet time, run VACUUM on the database file (sqlite3 {table} "
+                  "'VACUUM'): it rewrites the file, holds the write lock while it runs and "
+                  "needs as much free disk as the file takes")
+    facts = {**s, "spare_bytes": spare, "total_bytes": total}
+    if spare >= SPARE_BYTES_WARN and spare >= SPARE_SHARE_WARN * total:
+        return [Finding(
+            "cleanup.free_space", "warn",
+            f"{what}, {_mib(spare)} of it free space a past burst left (about): later sends "
+            "reuse it, but the disk does not get it back", advice, facts)]
+    return [Finding("cleanup.free_space", "ok", f"{what}, about {_mib(spare)} of it free",
+                    None, facts)]
+
+
 # --- schema and clock ------------------------------------------------------------------------
 
 
@@ -382,6 +434,9 @@ def judge(dialect: str, facts: Mapping[str, Any], clock: tuple[float, float],
                          else judge_mysql_cleanup,
                          "GRANT pg_read_all_stats TO the user" if dialect == "postgres"
                          else "GRANT PROCESS ON *.* TO the user"))
+    sections.append(("size", "the message table's size",
+                     lambda s: judge_size(dialect, s),
+                     "connect as tableq's own user"))
     sections.append(("schema", "the schema version", judge_schema,
                      "connect as tableq's own user"))
     for name, what, fn, grant in sections:

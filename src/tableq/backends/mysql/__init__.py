@@ -551,6 +551,8 @@ class MySQLBackend(SqlBackend):
             },
             "cleanup": lambda: {"history_length": one(self.Q.doctor_history_length)
                                 .get("history_length")},
+            "size": lambda: {"table": f"`{self.url.database}`.{self.prefix}message",
+                             **one(self.Q.doctor_size)},
             "schema": self._schema_facts,
         })
 

@@ -590,6 +590,14 @@ SELECT `COUNT` AS history_length
 FROM information_schema.INNODB_METRICS
 WHERE NAME = 'trx_rseg_history_len';
 
+-- name: doctor_size :one
+-- The message table's space in its tablespace (statistics: DATA_LENGTH and INDEX_LENGTH may
+-- lag until InnoDB recalculates them; DATA_FREE, the free extents, is read live).
+SELECT DATA_LENGTH AS data_bytes, INDEX_LENGTH AS index_bytes, DATA_FREE AS free_bytes,
+       TABLE_ROWS AS live_rows, @@innodb_file_per_table AS file_per_table
+FROM information_schema.TABLES
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{p}message';
+
 -- --- access tokens and idempotency records of the HTTP server ------------------------------
 
 -- name: token_insert :exec

@@ -714,5 +714,7 @@ class PostgresBackend(SqlBackend):
                 "slots": many(self.Q.doctor_replication_slots),
             },
             "cleanup": lambda: {"tables": many(self.Q.doctor_dead_rows, {"schema": self.schema})},
+            "size": lambda: {"table": f"{self.schema}.message",
+                             **one(self.Q.doctor_size, {"schema": self.schema})},
             "schema": self._schema_facts,
         })

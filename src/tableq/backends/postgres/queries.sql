@@ -1160,6 +1160,17 @@ FROM pg_stat_user_tables
 WHERE schemaname = %(schema)s
 ORDER BY n_dead_tup DESC, relname;
 
+-- name: doctor_size :one
+-- The message table's file against what its live rows take: the statistics' live rows times
+-- their mean width (pg_stats, after an ANALYZE; NULL before one) and a row's own 28 bytes of
+-- header and line pointer. Reads the catalogs only, never the table.
+SELECT pg_relation_size(s.relid) AS heap_bytes, pg_indexes_size(s.relid) AS index_bytes,
+       s.n_live_tup AS live_rows,
+       (SELECT sum(avg_width) + 28 FROM pg_stats
+        WHERE schemaname = %(schema)s AND tablename = 'message')::bigint AS row_bytes
+FROM pg_stat_user_tables s
+WHERE s.relid = to_regclass('{schema}.message');
+
 -- --- access tokens and idempotency records of the HTTP server ------------------------------
 
 -- name: token_insert :exec

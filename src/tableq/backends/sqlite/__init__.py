@@ -356,7 +356,10 @@ class SQLiteBackend(SqlBackend):
                 row["wal_bytes"] = 0
             return row
 
-        return gather({"durability": durability, "schema": self._schema_facts})
+        return gather({"durability": durability,
+                       "size": lambda: {"table": self.path,
+                                        **(self._read_one(self.Q.doctor_size) or {})},
+                       "schema": self._schema_facts})
 
 
 def _in_order(ids: list[int], rows: list[Row]) -> list[Row]:

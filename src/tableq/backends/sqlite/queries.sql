@@ -506,6 +506,12 @@ DELETE FROM {p}done WHERE id IN (SELECT value FROM json_each(:ids));
 SELECT s.synchronous AS synchronous, j.journal_mode AS journal_mode
 FROM pragma_synchronous() AS s, pragma_journal_mode() AS j;
 
+-- name: doctor_size :one
+-- The database file's pages and how many of them are free (every table shares the file; free
+-- pages are reused, and only VACUUM gives them back).
+SELECT c.page_count AS page_count, f.freelist_count AS free_pages, s.page_size AS page_size
+FROM pragma_page_count() AS c, pragma_freelist_count() AS f, pragma_page_size() AS s;
+
 -- --- access tokens and idempotency records of the HTTP server ------------------------------
 
 -- name: token_insert :exec
