@@ -1,7 +1,8 @@
 """`tableq doctor`: judges a queue database's health from the plain facts its backend reads
-(durability settings, old transactions, dead rows or undo history, pending migrations) and the
-clock offset between this host and the database. The judgement is pure functions of those
-facts; the only I/O is in diagnose(), which asks the backend and reads the two clocks.
+(durability settings, old transactions, dead rows or undo history, free space a drained burst
+left, pending migrations) and the clock offset between this host and the database. The
+judgement is pure functions of those facts; the only I/O is in diagnose(), which asks the
+backend and reads the two clocks.
 
 Levels: "ok"; "warn" (worth fixing, nothing is lost by it today: recent commits may vanish in
 a power loss, cleanup lags, clocks drift); "risk" (acknowledged messages can be lost or the
@@ -10,6 +11,7 @@ tableq)."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +29,6 @@ DEAD_ROWS_WARN = 100_000  # and more dead than live rows: autovacuum is not keep
 HISTORY_WARN, HISTORY_RISK = 100_000, 1_000_000  # InnoDB undo records purge has not removed
 SPARE_BYTES_WARN = 64 * 1024 * 1024  # free space left by a past burst, and at least...
 SPARE_SHARE_WARN = 0.75  # ...this share of the table's file: worth giving back by hand
-ROW_BYTES_GUESS = 256  # PostgreSQL before an ANALYZE: a message row with a ~100-byte payload
 WAL_BYTES_WARN = 64 * 1024 * 1024  # SQLite: the WAL should be reset by checkpoints well before
 
 
@@ -329,41 +330,51 @@ def _mib(n: float) -> str:
 
 def judge_size(dialect: str, s: Mapping[str, Any]) -> list[Finding]:
     """Free space a drained burst left in the message table's file (the whole file on SQLite).
-    Later sends reuse it, so it costs disk, not speed; giving it back is a manual step.
-    `s["table"]` names the message table (the database file on SQLite) for the advice."""
-    table = s.get("table")
-    if not table or len(s) == 1:
-        return [Finding("cleanup.free_space", "ok", "no size statistics for the message table")]
+    Later sends reuse it, so it costs disk, not speed; giving it back is a manual step, so a
+    table sized by a daily peak warns in the quiet hours. `s["table"]` names the message table
+    (the database file on SQLite) for the advice; {} while there is no table."""
+    if not s:
+        return [Finding("cleanup.free_space", "ok", "there is no message table yet")]
+    table = str(s["table"])
     if dialect == "postgres":
-        heap, index = int(s["heap_bytes"]), int(s["index_bytes"])
-        row = s.get("row_bytes") or ROW_BYTES_GUESS
-        total, spare = heap, max(0, heap - int(s["live_rows"] or 0) * int(row))
+        heap, index, rows = int(s["heap_bytes"]), int(s["index_bytes"]), int(s["live_rows"])
         what = f"{table} takes {_mib(heap)} (its indexes {_mib(index)})"
-        advice = (f"at a quiet time, VACUUM (TRUNCATE true) {table}; gives the empty pages at "
-                  "the file's end back (tableq's own vacuums keep them for reuse); VACUUM FULL "
-                  f"{table}; rewrites the table and its indexes to their live size, but sends "
-                  "and receives wait while it runs")
+        if rows < 0 or (rows and s.get("row_bytes") is None):
+            return [Finding("cleanup.free_space", "ok", f"{what}; its rows' " + (
+                "number" if rows < 0 else "width") + " is not known until an ANALYZE",
+                None, dict(s))]
+        total, spare = heap, max(0, heap - rows * int(s.get("row_bytes") or 0))
+        advice = (f"at a quiet time, VACUUM (TRUNCATE true) {table}; gives back the empty "
+                  "pages at the file's end (tableq's own vacuums keep them for reuse); if "
+                  f"doctor still warns (live rows near the end), VACUUM FULL {table}; rewrites "
+                  "the table and its indexes to their live size, but sends and receives wait "
+                  "while it runs")
     elif dialect == "mysql":
         data, index = int(s["data_bytes"] or 0), int(s["index_bytes"] or 0)
+        what = f"{table} takes {_mib(data + index)}"
+        if not s.get("file_per_table"):
+            return [Finding("cleanup.free_space", "ok",
+                            f"{what}, in the shared tablespace (innodb_file_per_table is off): "
+                            "its free space is not this table's", None, dict(s))]
         spare = int(s["free_bytes"] or 0)
         total = data + index + spare
         what = f"{table} takes {_mib(total)}"
-        advice = (f"OPTIMIZE TABLE {table}; rebuilds it in place (InnoDB keeps sends and "
-                  "receives running, pausing them briefly at its start and end)" + (
-                      " and gives the space back to the file system" if s.get("file_per_table")
-                      else "; with innodb_file_per_table off the shared tablespace keeps it"))
+        advice = ("at a quiet time, SET SESSION lock_wait_timeout = 10; OPTIMIZE TABLE "
+                  f"{table}; writes a new copy of the table (it needs free disk for the live "
+                  "rows) and gives the old file's space back; its metadata lock waits for "
+                  "open transactions on the table, and sends and receives queue behind it")
     else:
         size = int(s["page_size"])
         total, spare = int(s["page_count"]) * size, int(s["free_pages"]) * size
-        what = f"the database file takes {_mib(total)}"
-        advice = (f"at a quiet time, run VACUUM on the database file (sqlite3 {table} "
-                  "'VACUUM'): it rewrites the file, holds the write lock while it runs and "
-                  "needs as much free disk as the file takes")
+        what = f"the database file holds {_mib(total)} of pages"
+        advice = (f"at a quiet time, sqlite3 -cmd '.timeout 10000' {shlex.quote(table)} "
+                  "'VACUUM' rewrites the file: it holds the write lock while it runs and needs "
+                  "as much free disk as the file takes")
     facts = {**s, "spare_bytes": spare, "total_bytes": total}
     if spare >= SPARE_BYTES_WARN and spare >= SPARE_SHARE_WARN * total:
         return [Finding(
             "cleanup.free_space", "warn",
-            f"{what}, {_mib(spare)} of it free space a past burst left (about): later sends "
+            f"{what}, about {_mib(spare)} of it free space a past burst left: later sends "
             "reuse it, but the disk does not get it back", advice, facts)]
     return [Finding("cleanup.free_space", "ok", f"{what}, about {_mib(spare)} of it free",
                     None, facts)]

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -384,6 +384,12 @@ def gather(sections: dict[str, Callable[[], Any]]) -> dict[str, Any]:
         except TableqError as exc:
             out[name] = {"error": str(exc).splitlines()[0]}
     return out
+
+
+def size_facts(table: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """doctor's size section: the doctor_size row, named by what it measured (the advice
+    names it too); {} while the table does not exist."""
+    return {"table": table, **row} if row else {}
 
 
 def applied_versions(read: Callable[[], list[int]]) -> list[int]:

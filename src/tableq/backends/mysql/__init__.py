@@ -32,6 +32,7 @@ from tableq.backends.base import (
     chunks,
     gather,
     row_chars,
+    size_facts,
     spans,
 )
 from tableq.backends.mysql.errors import map_errors
@@ -551,8 +552,8 @@ class MySQLBackend(SqlBackend):
             },
             "cleanup": lambda: {"history_length": one(self.Q.doctor_history_length)
                                 .get("history_length")},
-            "size": lambda: {"table": f"`{self.url.database}`.{self.prefix}message",
-                             **one(self.Q.doctor_size)},
+            "size": lambda: size_facts(f"`{self.url.database}`.{self.prefix}message",
+                                       self._read_one(self.Q.doctor_size)),
             "schema": self._schema_facts,
         })
 

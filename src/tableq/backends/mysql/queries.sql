@@ -592,7 +592,10 @@ WHERE NAME = 'trx_rseg_history_len';
 
 -- name: doctor_size :one
 -- The message table's space in its tablespace (statistics: DATA_LENGTH and INDEX_LENGTH may
--- lag until InnoDB recalculates them; DATA_FREE, the free extents, is read live).
+-- lag until InnoDB recalculates them; DATA_FREE, the free extents, is read live). DATA_FREE is
+-- the table's own only in a file of its own (innodb_file_per_table, on by default: the
+-- setting now, not necessarily when the table was made). No row while the table does not
+-- exist.
 SELECT DATA_LENGTH AS data_bytes, INDEX_LENGTH AS index_bytes, DATA_FREE AS free_bytes,
        TABLE_ROWS AS live_rows, @@innodb_file_per_table AS file_per_table
 FROM information_schema.TABLES

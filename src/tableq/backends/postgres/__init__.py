@@ -31,6 +31,7 @@ from tableq.backends.base import (
     chunks,
     gather,
     load_json_text,
+    size_facts,
 )
 from tableq.backends.postgres.errors import map_errors
 from tableq.backends.postgres.floors import PLAIN, Floors, Horizon
@@ -714,7 +715,7 @@ class PostgresBackend(SqlBackend):
                 "slots": many(self.Q.doctor_replication_slots),
             },
             "cleanup": lambda: {"tables": many(self.Q.doctor_dead_rows, {"schema": self.schema})},
-            "size": lambda: {"table": f"{self.schema}.message",
-                             **one(self.Q.doctor_size, {"schema": self.schema})},
+            "size": lambda: size_facts(f"{self.schema}.message",
+                                       self._read_one(self.Q.doctor_size, {"schema": self.schema})),
             "schema": self._schema_facts,
         })

@@ -1161,15 +1161,19 @@ WHERE schemaname = %(schema)s
 ORDER BY n_dead_tup DESC, relname;
 
 -- name: doctor_size :one
--- The message table's file against what its live rows take: the statistics' live rows times
--- their mean width (pg_stats, after an ANALYZE; NULL before one) and a row's own 28 bytes of
--- header and line pointer. Reads the catalogs only, never the table.
-SELECT pg_relation_size(s.relid) AS heap_bytes, pg_indexes_size(s.relid) AS index_bytes,
-       s.n_live_tup AS live_rows,
+-- The message table's file against what its rows take, from the catalog alone (pg_class, as
+-- the last VACUUM or ANALYZE left it: no lock on the table, so a VACUUM FULL cannot hold this
+-- up): its pages and rows (-1 before the first VACUUM or ANALYZE), its indexes' pages, and
+-- the rows' mean width (pg_stats, NULL before an ANALYZE) plus a row's own 28 bytes of header
+-- and line pointer. No row while the table does not exist.
+SELECT c.relpages::bigint * current_setting('block_size')::bigint AS heap_bytes,
+       (SELECT coalesce(sum(i.relpages), 0) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+        WHERE x.indrelid = c.oid)::bigint * current_setting('block_size')::bigint AS index_bytes,
+       c.reltuples::bigint AS live_rows,
        (SELECT sum(avg_width) + 28 FROM pg_stats
         WHERE schemaname = %(schema)s AND tablename = 'message')::bigint AS row_bytes
-FROM pg_stat_user_tables s
-WHERE s.relid = to_regclass('{schema}.message');
+FROM pg_class c
+WHERE c.oid = to_regclass('{schema}.message');
 
 -- --- access tokens and idempotency records of the HTTP server ------------------------------
 

@@ -27,6 +27,7 @@ from tableq.backends.base import (
     gather,
     retrying,
     row_chars,
+    size_facts,
     spans,
 )
 from tableq.backends.sql import Cursor, Params, SqlBackend, duplicate_from
@@ -357,8 +358,8 @@ class SQLiteBackend(SqlBackend):
             return row
 
         return gather({"durability": durability,
-                       "size": lambda: {"table": self.path,
-                                        **(self._read_one(self.Q.doctor_size) or {})},
+                       "size": lambda: size_facts(self.path,
+                                                  self._read_one(self.Q.doctor_size)),
                        "schema": self._schema_facts})
 
 
