@@ -297,11 +297,12 @@ def test_free_space_after_a_burst_and_its_advice(db_url: str,
             if q.dialect == "mysql":
                 cur.fetchall()
 
+        table = q._backend.health_facts()["size"]["table"]
+
         def free_space() -> Finding:
-            (f,) = [f for f in diagnose(q) if f.check == "cleanup.free_space"]
             if q.dialect != "sqlite":  # what autovacuum and InnoDB's recalculation do in time
-                run(f"ANALYZE {'TABLE ' if q.dialect == 'mysql' else ''}{f.facts['table']}")
-                (f,) = [f for f in diagnose(q) if f.check == "cleanup.free_space"]
+                run(f"ANALYZE {'TABLE ' if q.dialect == 'mysql' else ''}{table}")
+            (f,) = [f for f in diagnose(q) if f.check == "cleanup.free_space"]
             return f
 
         for i in range(0, 20_000, 1000):
@@ -311,7 +312,6 @@ def test_free_space_after_a_burst_and_its_advice(db_url: str,
             q.ack_many(got)
         # InnoDB's purge frees the drained pages in the background.
         f = wait_until(lambda: (f := free_space()).level == "warn" and f, timeout=30)
-        table = f.facts["table"]
         advised, statement = {
             "postgres": (f"VACUUM (TRUNCATE true) {table};", f"VACUUM (TRUNCATE true) {table}"),
             "mysql": (f"OPTIMIZE TABLE {table};", f"OPTIMIZE TABLE {table}"),

@@ -328,6 +328,53 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
+@dataclass(frozen=True, slots=True)
+class Space:
+    """The message table's file as doctor judges it: `what` says its size, `spare` of its
+    `total` bytes are free, and `advice` gives them back."""
+
+    what: str
+    total: int
+    spare: int
+    advice: str
+
+
+def _postgres_space(s: Mapping[str, Any], table: str) -> Space | str:
+    heap, index, rows = int(s["heap_bytes"]), int(s["index_bytes"]), int(s["live_rows"])
+    what = f"{table} takes {_mib(heap)} (its indexes {_mib(index)})"
+    if rows < 0 or (rows and s.get("row_bytes") is None):
+        return (f"{what}; its rows' {'number' if rows < 0 else 'width'} is not known until "
+                "an ANALYZE")
+    return Space(what, heap, max(0, heap - rows * int(s.get("row_bytes") or 0)), (
+        f"at a quiet time, VACUUM (TRUNCATE true) {table}; gives back the empty pages at the "
+        "file's end (tableq's own vacuums keep them for reuse); if doctor still warns (live "
+        f"rows near the end), VACUUM FULL {table}; rewrites the table and its indexes to "
+        "their live size, but sends and receives wait while it runs"))
+
+
+def _mysql_space(s: Mapping[str, Any], table: str) -> Space | str:
+    data, index, spare = (int(s[k] or 0) for k in ("data_bytes", "index_bytes", "free_bytes"))
+    if not s.get("file_per_table"):
+        return (f"{table} takes {_mib(data + index)}, in the shared tablespace "
+                "(innodb_file_per_table is off): its free space is not this table's")
+    total = data + index + spare
+    return Space(f"{table} takes {_mib(total)}", total, spare, (
+        f"at a quiet time, SET SESSION lock_wait_timeout = 10; OPTIMIZE TABLE {table}; writes "
+        "a new copy of the table (it needs free disk for the live rows) and gives the old "
+        "file's space back; its metadata lock waits for open transactions on the table, and "
+        "sends and receives queue behind it"))
+
+
+def _sqlite_space(s: Mapping[str, Any], path: str) -> Space | str:
+    size = int(s["page_size"])
+    total = int(s["page_count"]) * size
+    return Space(f"the database file holds {_mib(total)} of pages", total,
+                 int(s["free_pages"]) * size, (
+                     f"at a quiet time, sqlite3 -cmd '.timeout 10000' {shlex.quote(path)} "
+                     "'VACUUM' rewrites the file: it holds the write lock while it runs and "
+                     "needs as much free disk as the file takes"))
+
+
 def judge_size(dialect: str, s: Mapping[str, Any]) -> list[Finding]:
     """Free space a drained burst left in the message table's file (the whole file on SQLite).
     Later sends reuse it, so it costs disk, not speed; giving it back is a manual step, so a
@@ -335,49 +382,19 @@ def judge_size(dialect: str, s: Mapping[str, Any]) -> list[Finding]:
     (the database file on SQLite) for the advice; {} while there is no table."""
     if not s:
         return [Finding("cleanup.free_space", "ok", "there is no message table yet")]
-    table = str(s["table"])
-    if dialect == "postgres":
-        heap, index, rows = int(s["heap_bytes"]), int(s["index_bytes"]), int(s["live_rows"])
-        what = f"{table} takes {_mib(heap)} (its indexes {_mib(index)})"
-        if rows < 0 or (rows and s.get("row_bytes") is None):
-            return [Finding("cleanup.free_space", "ok", f"{what}; its rows' " + (
-                "number" if rows < 0 else "width") + " is not known until an ANALYZE",
-                None, dict(s))]
-        total, spare = heap, max(0, heap - rows * int(s.get("row_bytes") or 0))
-        advice = (f"at a quiet time, VACUUM (TRUNCATE true) {table}; gives back the empty "
-                  "pages at the file's end (tableq's own vacuums keep them for reuse); if "
-                  f"doctor still warns (live rows near the end), VACUUM FULL {table}; rewrites "
-                  "the table and its indexes to their live size, but sends and receives wait "
-                  "while it runs")
-    elif dialect == "mysql":
-        data, index = int(s["data_bytes"] or 0), int(s["index_bytes"] or 0)
-        what = f"{table} takes {_mib(data + index)}"
-        if not s.get("file_per_table"):
-            return [Finding("cleanup.free_space", "ok",
-                            f"{what}, in the shared tablespace (innodb_file_per_table is off): "
-                            "its free space is not this table's", None, dict(s))]
-        spare = int(s["free_bytes"] or 0)
-        total = data + index + spare
-        what = f"{table} takes {_mib(total)}"
-        advice = ("at a quiet time, SET SESSION lock_wait_timeout = 10; OPTIMIZE TABLE "
-                  f"{table}; writes a new copy of the table (it needs free disk for the live "
-                  "rows) and gives the old file's space back; its metadata lock waits for "
-                  "open transactions on the table, and sends and receives queue behind it")
-    else:
-        size = int(s["page_size"])
-        total, spare = int(s["page_count"]) * size, int(s["free_pages"]) * size
-        what = f"the database file holds {_mib(total)} of pages"
-        advice = (f"at a quiet time, sqlite3 -cmd '.timeout 10000' {shlex.quote(table)} "
-                  "'VACUUM' rewrites the file: it holds the write lock while it runs and needs "
-                  "as much free disk as the file takes")
-    facts = {**s, "spare_bytes": spare, "total_bytes": total}
-    if spare >= SPARE_BYTES_WARN and spare >= SPARE_SHARE_WARN * total:
+    measure = {"postgres": _postgres_space, "mysql": _mysql_space,
+               "sqlite": _sqlite_space}[dialect]
+    space = measure(s, str(s["table"]))
+    if isinstance(space, str):  # not judged: why
+        return [Finding("cleanup.free_space", "ok", space, None, dict(s))]
+    facts = {**s, "spare_bytes": space.spare, "total_bytes": space.total}
+    if space.spare >= SPARE_BYTES_WARN and space.spare >= SPARE_SHARE_WARN * space.total:
         return [Finding(
             "cleanup.free_space", "warn",
-            f"{what}, about {_mib(spare)} of it free space a past burst left: later sends "
-            "reuse it, but the disk does not get it back", advice, facts)]
-    return [Finding("cleanup.free_space", "ok", f"{what}, about {_mib(spare)} of it free",
-                    None, facts)]
+            f"{space.what}, about {_mib(space.spare)} of it free space a past burst left: "
+            "later sends reuse it, but the disk does not get it back", space.advice, facts)]
+    return [Finding("cleanup.free_space", "ok",
+                    f"{space.what}, about {_mib(space.spare)} of it free", None, facts)]
 
 
 # --- schema and clock ------------------------------------------------------------------------
