@@ -61,6 +61,8 @@ DIALECT_ONLY = {
         "message_ack_retain", "message_find_keys", "lease_ack_retain",
         # a single send over scalars: the batch statements take arrays
         "message_insert_one_ignore", "message_insert_one_replace",
+        # and the commonest single send, unkeyed and due now: a plain VALUES row
+        "message_insert_due",
         # savepoints keep a caller's transaction usable after a refused duplicate
         "savepoint_set", "savepoint_release", "savepoint_rollback",
         # COPY bulk loads under load parts, async commit, NOTIFY wake-ups

@@ -67,6 +67,15 @@ def _scalars(m: NewMessage) -> dict[str, Any]:
             "delay_s": float(m.delay_s)}
 
 
+def _due_unkeyed(m: NewMessage) -> bool:
+    return m.key is None and m.at is None and not m.delay_s
+
+
+def _due_scalars(m: NewMessage) -> dict[str, Any]:
+    return {"topic": m.topic, "kind": m.kind, "payload": m.json_text, "data": m.data,
+            "headers": m.headers_json, "priority": m.priority}
+
+
 def _arrays(rows: Sequence[NewMessage]) -> dict[str, list[Any]]:
     return {
         "topics": [m.topic for m in rows],
@@ -405,8 +414,14 @@ class PostgresBackend(SqlBackend):
     def message_insert(self, rows: Sequence[NewMessage] | PayloadBatch, on_duplicate: str,
                conn: Any = None) -> list[tuple[int, str]]:
         rows = as_rows(rows)
+        if len(rows) == 1 and _due_unkeyed(rows[0]):
+            # The commonest send: one statement that cannot conflict, so no savepoint, no
+            # duplicate handling and no batch bookkeeping around it.
+            params = _due_scalars(rows[0])
+            return [(self.run(lambda cur: self._value(cur, self.Q.message_insert_due, params,
+                                                      "id"), conn), "sent")]
         if (len(rows) >= COPY_MIN_ROWS and not self.test_clock
-                and all(m.key is None and m.at is None and not m.delay_s for m in rows)):
+                and all(map(_due_unkeyed, rows))):
             return self._copy_sent(rows, conn)
         query = {"ignore": self.Q.message_insert_ignore, "replace": self.Q.message_insert_replace,
                  "error": self.Q.message_insert}[on_duplicate]

@@ -208,6 +208,17 @@ WITH sent AS (
 SELECT id, key, inserted, w.woke
 FROM sent LEFT JOIN (SELECT bool_or(woke) AS woke FROM woke) w ON true;
 
+-- name: message_insert_due :many
+-- A single unkeyed send due now, the commonest send: nothing can conflict and nothing is
+-- computed, so it is a plain VALUES row and calls wake() from RETURNING. Against
+-- message_insert_one (a CTE, the due-time expressions, a CASE) it saves the server about
+-- 10 us a send (2026-11-29, shared server, alternating rounds of 2,000).
+INSERT INTO {schema}.message (topic, kind, payload, payload_bytes, headers, priority,
+                              created_at, available_at, first_available_at)
+VALUES (%(topic)s, %(kind)s, %(payload)s::jsonb, %(data)s, %(headers)s::jsonb, %(priority)s,
+        statement_timestamp(), statement_timestamp(), statement_timestamp())
+RETURNING id, {schema}.wake(topic, 1) AS woke;
+
 -- name: message_insert_one :many
 -- message_insert for a single send, over scalars: array parameters cost a single send about
 -- a quarter of its time (dumping nine arrays, and unnest's costlier plan). A CASE, so that
