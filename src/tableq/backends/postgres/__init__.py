@@ -71,11 +71,6 @@ def _due_unkeyed(m: NewMessage) -> bool:
     return m.key is None and m.at is None and not m.delay_s
 
 
-def _due_scalars(m: NewMessage) -> dict[str, Any]:
-    return {"topic": m.topic, "kind": m.kind, "payload": m.json_text, "data": m.data,
-            "headers": m.headers_json, "priority": m.priority}
-
-
 def _arrays(rows: Sequence[NewMessage]) -> dict[str, list[Any]]:
     return {
         "topics": [m.topic for m in rows],
@@ -417,7 +412,7 @@ class PostgresBackend(SqlBackend):
         if len(rows) == 1 and _due_unkeyed(rows[0]):
             # The commonest send: one statement that cannot conflict, so no savepoint, no
             # duplicate handling and no batch bookkeeping around it.
-            params = _due_scalars(rows[0])
+            params = _scalars(rows[0])  # message_insert_due reads the ones it needs
             return [(self.run(lambda cur: self._value(cur, self.Q.message_insert_due, params,
                                                       "id"), conn), "sent")]
         if (len(rows) >= COPY_MIN_ROWS and not self.test_clock
