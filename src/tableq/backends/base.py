@@ -13,7 +13,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, TypeVar
+from types import TracebackType
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from tableq.errors import (
     DatabaseBusy,
@@ -151,6 +152,30 @@ class TransientError(DatabaseBusy):
 class UniqueViolation(DatabaseError):
     """A unique-index conflict. The backend turns the dedup-index ones into
     DuplicateMessage; any other one reaches the caller as this DatabaseError."""
+
+
+class ErrorBoundary:
+    """The shape of every dialect's one error boundary, `with map_errors(where):`: an
+    exception of the driver raised in the block leaves it as the tableq error that `mapped`
+    gives. A class, not a generator: every statement passes through it."""
+
+    __slots__ = ("where",)
+    driver_error: ClassVar[type[BaseException]]
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is not None and issubclass(kind, self.driver_error):
+            raise self.mapped(exc, self.where) from exc
+
+    @staticmethod
+    def mapped(exc: Any, where: str) -> Exception:
+        raise NotImplementedError
 
 
 _retries = 0

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pymysql
 
-from tableq.backends.base import TransientError, UniqueViolation
+from tableq.backends.base import ErrorBoundary, TransientError, UniqueViolation
 from tableq.errors import (
     DatabaseError,
     DatabaseUnavailable,
@@ -30,43 +27,46 @@ ACCESS_DENIED = {1045, 1698}  # wrong user or password; 1698: root allowed via t
 DB_ACCESS_DENIED, UNKNOWN_DATABASE = 1044, 1049
 
 
-
-@contextmanager
-def map_errors(where: str) -> Iterator[None]:
-    try:
-        yield
-    except pymysql.err.InterfaceError as exc:
+def _mapped(exc: pymysql.MySQLError, where: str) -> Exception:
+    if isinstance(exc, pymysql.err.InterfaceError):
         # PyMySQL's answer to any use of a connection it closed after losing it.
-        raise DatabaseUnavailable(where, "the connection was lost") from exc
-    except pymysql.MySQLError as exc:
-        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-        text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
-        # A deadlock rolls back the whole transaction, a lock-wait timeout only the statement;
-        # the backend retries the whole transaction after a rollback in both cases.
-        if code in (DEADLOCK, LOCK_WAIT_TIMEOUT, AUTOINC_LOCK_LOST):
-            raise TransientError(text, where) from exc
-        if code == DUPLICATE_ENTRY:
-            raise UniqueViolation(f"MySQL refused a duplicate at {where}: {text}") from exc
-        if code in (NO_SUCH_TABLE, NO_SUCH_COLUMN):
-            raise SchemaNotMigrated(where) from exc
-        if code in ACCESS_DENIED:
-            raise DatabaseUnavailable(where, text, "check the user and password in the URL, "
-                                      "and that this user may connect from this host") from exc
-        if code == DB_ACCESS_DENIED:
-            raise DatabaseUnavailable(where, text, "grant this user access to the database, or "
-                                      "name one it may use in the URL") from exc
-        if code == UNKNOWN_DATABASE:
-            raise DatabaseUnavailable(where, text, "create the database (CREATE DATABASE ... "
-                                      "CHARACTER SET utf8mb4) or fix its name in the URL") from exc
-        if code in (TABLE_FULL, DISK_FULL):
-            raise StorageFull(where, text) from exc
-        if code == PACKET_TOO_LARGE:
-            raise DatabaseError(
-                f"the server at {where} refused a statement larger than its max_allowed_packet; "
-                "send smaller batches or raise max_allowed_packet"
-            ) from exc
-        if code in CONNECTION_LOST or isinstance(exc, pymysql.err.OperationalError) and (
-            code is None or code >= 2000
-        ):
-            raise DatabaseUnavailable(where, text) from exc
-        raise DatabaseError(f"MySQL error {code} at {where}: {text}") from exc
+        return DatabaseUnavailable(where, "the connection was lost")
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+    # A deadlock rolls back the whole transaction, a lock-wait timeout only the statement;
+    # the backend retries the whole transaction after a rollback in both cases.
+    if code in (DEADLOCK, LOCK_WAIT_TIMEOUT, AUTOINC_LOCK_LOST):
+        return TransientError(text, where)
+    if code == DUPLICATE_ENTRY:
+        return UniqueViolation(f"MySQL refused a duplicate at {where}: {text}")
+    if code in (NO_SUCH_TABLE, NO_SUCH_COLUMN):
+        return SchemaNotMigrated(where)
+    if code in ACCESS_DENIED:
+        return DatabaseUnavailable(where, text, "check the user and password in the URL, and "
+                                   "that this user may connect from this host")
+    if code == DB_ACCESS_DENIED:
+        return DatabaseUnavailable(where, text, "grant this user access to the database, or "
+                                   "name one it may use in the URL")
+    if code == UNKNOWN_DATABASE:
+        return DatabaseUnavailable(where, text, "create the database (CREATE DATABASE ... "
+                                   "CHARACTER SET utf8mb4) or fix its name in the URL")
+    if code in (TABLE_FULL, DISK_FULL):
+        return StorageFull(where, text)
+    if code == PACKET_TOO_LARGE:
+        return DatabaseError(
+            f"the server at {where} refused a statement larger than its max_allowed_packet; "
+            "send smaller batches or raise max_allowed_packet"
+        )
+    if code in CONNECTION_LOST or isinstance(exc, pymysql.err.OperationalError) and (
+        code is None or code >= 2000
+    ):
+        return DatabaseUnavailable(where, text)
+    return DatabaseError(f"MySQL error {code} at {where}: {text}")
+
+
+class map_errors(ErrorBoundary):  # noqa: N801 - used as `with map_errors(where):`, like a function
+    """The boundary: PyMySQL's exceptions raised in the with-block become tableq's."""
+
+    __slots__ = ()
+    driver_error = pymysql.MySQLError
+    mapped = staticmethod(_mapped)

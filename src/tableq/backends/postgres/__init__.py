@@ -31,6 +31,7 @@ from tableq.backends.base import (
     chunks,
     gather,
     load_json_text,
+    retrying,
     size_facts,
 )
 from tableq.backends.postgres.errors import map_errors
@@ -410,11 +411,7 @@ class PostgresBackend(SqlBackend):
                conn: Any = None) -> list[tuple[int, str]]:
         rows = as_rows(rows)
         if len(rows) == 1 and _due_unkeyed(rows[0]):
-            # The commonest send: one statement that cannot conflict, so no savepoint, no
-            # duplicate handling and no batch bookkeeping around it.
-            params = _scalars(rows[0])  # message_insert_due reads the ones it needs
-            return [(self.run(lambda cur: self._value(cur, self.Q.message_insert_due, params,
-                                                      "id"), conn), "sent")]
+            return [(self._insert_due(rows[0], conn), "sent")]
         if (len(rows) >= COPY_MIN_ROWS and not self.test_clock
                 and all(map(_due_unkeyed, rows))):
             return self._copy_sent(rows, conn)
@@ -647,6 +644,21 @@ class PostgresBackend(SqlBackend):
                     due = m.at if m.at is not None else now + timedelta(seconds=m.delay_s)
                     copy.write_row((topic, m.kind, m.json_text, m.data, m.headers_json,
                                     m.priority, load_part, max(due, now), due))
+
+    def _insert_due(self, m: NewMessage, conn: Any) -> int:
+        """The commonest send, one unkeyed message due now: one statement that cannot
+        conflict, so no savepoint, duplicate handling or batch bookkeeping around it. On the
+        backend's own connections it skips the dict-row cursor too: about 15 us of a send's
+        client time (2026-11-29, alternating rounds on the shared server)."""
+        params = _scalars(m)  # message_insert_due reads the ones it needs
+        if conn is not None:  # the caller's connection: its own row factory
+            return int(self.run(lambda cur: self._value(cur, self.Q.message_insert_due,
+                                                        params, "id"), conn))
+
+        def once() -> int:
+            with self.pool.connection() as c, self.map_errors():
+                return int(c.execute(self.Q.message_insert_due, params).fetchone()[0])
+        return retrying(once, attempts=self.retry_attempts)
 
     def _copy_sent(self, rows: Sequence[NewMessage], conn: Any) -> list[tuple[int, str]]:
         """An unkeyed batch due now, by COPY: nothing can conflict, so every row is "sent";

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import psycopg
 from psycopg import errors as pgerr
 
-from tableq.backends.base import TransientError, UniqueViolation
+from tableq.backends.base import ErrorBoundary, TransientError, UniqueViolation
 from tableq.errors import (
     DatabaseError,
     DatabaseTimeout,
@@ -18,35 +15,39 @@ from tableq.errors import (
 )
 
 
-@contextmanager
-def map_errors(where: str) -> Iterator[None]:
-    try:
-        yield
-    except (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable) as exc:
-        raise TransientError(str(exc).strip(), where) from exc
-    except pgerr.UniqueViolation as exc:
-        raise UniqueViolation(
-            f"PostgreSQL refused a duplicate at {where}: {str(exc).strip()}") from exc
+def _mapped(exc: psycopg.Error, where: str) -> Exception:
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else text
+    if isinstance(exc, (pgerr.SerializationFailure, pgerr.DeadlockDetected,
+                        pgerr.LockNotAvailable)):
+        return TransientError(text, where)
+    if isinstance(exc, pgerr.UniqueViolation):
+        return UniqueViolation(f"PostgreSQL refused a duplicate at {where}: {text}")
     # A missing column is an older schema too (a migration after 0001 adds it).
-    except (pgerr.UndefinedTable, pgerr.UndefinedColumn, pgerr.InvalidSchemaName,
-            pgerr.UndefinedFunction) as exc:
-        raise SchemaNotMigrated(where) from exc
-    except (pgerr.DiskFull, pgerr.OutOfMemory) as exc:
-        raise StorageFull(where, str(exc).strip()) from exc
-    except pgerr.ProgramLimitExceeded as exc:
-        raise DatabaseError(
-            f"PostgreSQL refused a value at {where}: {str(exc).strip()}; make the payload or "
-            "key smaller"
-        ) from exc
-    except pgerr.QueryCanceled as exc:
-        raise DatabaseTimeout(where, str(exc).strip().splitlines()[0],
-                              "raise statement_timeout / lock_timeout for this role, or do "
-                              "less per call") from exc
-    except pgerr.IdleInTransactionSessionTimeout as exc:
-        raise DatabaseTimeout(where, "the transaction stayed idle too long",
-                              "keep queue.transaction() blocks short, or raise "
-                              "transaction_idle_timeout_s in tableq.connect()") from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(where, str(exc).strip().splitlines()[0]) from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(f"PostgreSQL error at {where}: {str(exc).strip()}") from exc
+    if isinstance(exc, (pgerr.UndefinedTable, pgerr.UndefinedColumn, pgerr.InvalidSchemaName,
+                        pgerr.UndefinedFunction)):
+        return SchemaNotMigrated(where)
+    if isinstance(exc, (pgerr.DiskFull, pgerr.OutOfMemory)):
+        return StorageFull(where, text)
+    if isinstance(exc, pgerr.ProgramLimitExceeded):
+        return DatabaseError(f"PostgreSQL refused a value at {where}: {text}; make the payload "
+                             "or key smaller")
+    if isinstance(exc, pgerr.QueryCanceled):
+        return DatabaseTimeout(where, first_line,
+                               "raise statement_timeout / lock_timeout for this role, or do "
+                               "less per call")
+    if isinstance(exc, pgerr.IdleInTransactionSessionTimeout):
+        return DatabaseTimeout(where, "the transaction stayed idle too long",
+                               "keep queue.transaction() blocks short, or raise "
+                               "transaction_idle_timeout_s in tableq.connect()")
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(where, first_line)
+    return DatabaseError(f"PostgreSQL error at {where}: {text}")
+
+
+class map_errors(ErrorBoundary):  # noqa: N801 - used as `with map_errors(where):`, like a function
+    """The boundary: psycopg's exceptions raised in the with-block become tableq's."""
+
+    __slots__ = ()
+    driver_error = psycopg.Error
+    mapped = staticmethod(_mapped)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from types import TracebackType
 from typing import Any
 
-from tableq.backends.base import TransientError
+from tableq.backends.base import ErrorBoundary, TransientError
 from tableq.errors import DatabaseError, DatabaseUnavailable, SchemaNotMigrated, StorageFull
 
 # A file, not a server: the advice names files and permissions, never a server or password.
@@ -15,24 +14,6 @@ CANNOT_OPEN = ("check that the file's directory exists and that this user may re
 READ_ONLY = ("this user may not write the database file or its directory (SQLite writes "
              "-wal and -shm files beside it); fix the permissions or the path")
 IO_ERROR = "check the disk and the filesystem holding the database file"
-
-
-class map_errors:  # noqa: N801 - used as `with map_errors(where):`, like a function
-    """The boundary: sqlite3's exceptions raised in the with-block become tableq's. A class,
-    not a generator, as every statement passes through it."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if kind is not None and issubclass(kind, sqlite3.DatabaseError):
-            raise _mapped(exc, self.where) from exc
 
 
 def _mapped(exc: Any, where: str) -> Exception:
@@ -55,3 +36,11 @@ def _mapped(exc: Any, where: str) -> Exception:
             return DatabaseUnavailable(where, text, IO_ERROR)
         return DatabaseError(f"SQLite error at {where}: {text}")
     return DatabaseError(f"SQLite error at {where}: {exc}")
+
+
+class map_errors(ErrorBoundary):  # noqa: N801 - used as `with map_errors(where):`, like a function
+    """The boundary: sqlite3's exceptions raised in the with-block become tableq's."""
+
+    __slots__ = ()
+    driver_error = sqlite3.DatabaseError
+    mapped = staticmethod(_mapped)
