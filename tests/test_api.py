@@ -943,6 +943,26 @@ def test_postgres_transaction_aborted_by_a_caught_error_does_not_pretend_to_comm
         assert q.stats("ab")[0].ready == 1 and q.peek("ab")[0].attempts == 0
 
 
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_postgres_connection_given_back_by_a_transaction_keeps_tableqs_row_factory(
+    db_url: str,
+) -> None:
+    """A caller may set psycopg's dict rows on the connection of queue.transaction(); the
+    pool gets it back as tableq made it, so the sends that reuse it work."""
+    from psycopg.rows import dict_row
+
+    with tableq.connect(db_url, migrate=True, pool_size=1) as q:
+        with q.transaction() as tx:
+            tx.connection.row_factory = dict_row
+            tx.send("rf", 0)
+        with pytest.raises(RuntimeError, match="raised"):
+            with q.transaction() as tx:
+                tx.connection.row_factory = dict_row
+                raise RuntimeError("raised")
+        sent = [q.send("rf", i).id for i in range(1, 4)]
+        assert [m.id for m in q.receive("rf", max=10)][1:] == sent
+
+
 def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:
     texts = ['{\n\t"a": [1, 2],\r\n "b\\\\": "x"}', " 7 ", '"s"', "null"]
     q.send_many("jt", [tableq.JsonText(t) for t in texts])

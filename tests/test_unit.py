@@ -517,6 +517,31 @@ def test_mysql_lock_conflicts_are_retried_whole(code: int) -> None:
         raise pymysql.err.OperationalError(code, "conflict")
 
 
+def test_postgres_errors_map_through_the_one_boundary_keeping_the_driver_error() -> None:
+    """Each kind of psycopg error leaves the boundary as its tableq error, caused by the
+    driver's; an empty text is named, not an IndexError; other exceptions pass as they are."""
+    import psycopg
+    from psycopg import errors as pgerr
+
+    from tableq.backends.base import TransientError
+    from tableq.backends.postgres.errors import map_errors
+
+    cases = [(pgerr.DeadlockDetected("d"), TransientError),
+             (pgerr.UndefinedTable("t"), tableq.SchemaNotMigrated),
+             (pgerr.QueryCanceled(""), tableq.DatabaseTimeout),
+             (psycopg.OperationalError(" "), tableq.DatabaseUnavailable),
+             (psycopg.InterfaceError("i"), tableq.DatabaseError)]
+    for raised, mapped in cases:
+        with pytest.raises(mapped) as got, map_errors("postgresql://test"):
+            raise raised
+        assert got.value.__cause__ is raised
+    with pytest.raises(tableq.DatabaseUnavailable, match="the server gave no reason"), \
+            map_errors("postgresql://test"):
+        raise psycopg.OperationalError("")
+    with pytest.raises(KeyError), map_errors("postgresql://test"):
+        raise KeyError(0)
+
+
 def test_stats_sample_plan() -> None:
     from tableq.stats import id_sample, needs_exact, scaled, topic_estimate
     assert id_sample(None, None) is None  # empty table

@@ -17,7 +17,7 @@ from tableq.errors import (
 
 def _mapped(exc: psycopg.Error, where: str) -> Exception:
     text = str(exc).strip()
-    first_line = text.splitlines()[0] if text else text
+    first_line = text.splitlines()[0] if text else "the server gave no reason"
     if isinstance(exc, (pgerr.SerializationFailure, pgerr.DeadlockDetected,
                         pgerr.LockNotAvailable)):
         return TransientError(text, where)
