@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from dbhelpers import driver_connection
@@ -943,24 +944,38 @@ def test_postgres_transaction_aborted_by_a_caught_error_does_not_pretend_to_comm
         assert q.stats("ab")[0].ready == 1 and q.peek("ab")[0].attempts == 0
 
 
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_postgres_connection_given_back_by_a_transaction_keeps_tableqs_row_factory(
+def _other_rows(conn: Any, dialect: str) -> None:
+    """Sets the driver's other kind of rows on a connection (what a caller may do)."""
+    if dialect == "postgres":
+        from psycopg.rows import dict_row
+        conn.row_factory = dict_row
+    elif dialect == "mysql":
+        import pymysql
+        conn.cursorclass = pymysql.cursors.Cursor  # tuples, where tableq's are dicts
+    else:
+        conn.row_factory = None
+
+
+def test_connection_given_back_by_a_transaction_serves_tableq_whatever_rows_it_was_set_to(
     db_url: str,
 ) -> None:
-    """A caller may set psycopg's dict rows on the connection of queue.transaction(); the
-    pool gets it back as tableq made it, so the sends that reuse it work."""
-    from psycopg.rows import dict_row
-
-    with tableq.connect(db_url, migrate=True, pool_size=1) as q:
+    """A caller may set its driver's other rows on the connection of queue.transaction()
+    (psycopg's dict_row is a common idiom); tableq's own statements on that connection,
+    once it is back in the pool, still work."""
+    one = {} if db_url.startswith("sqlite") else {"pool_size": 1}  # the same connection again
+    with tableq.connect(db_url, migrate=True, **one) as q:
         with q.transaction() as tx:
-            tx.connection.row_factory = dict_row
+            _other_rows(tx.connection, q.dialect)
             tx.send("rf", 0)
         with pytest.raises(RuntimeError, match="raised"):
             with q.transaction() as tx:
-                tx.connection.row_factory = dict_row
+                _other_rows(tx.connection, q.dialect)
                 raise RuntimeError("raised")
         sent = [q.send("rf", i).id for i in range(1, 4)]
-        assert [m.id for m in q.receive("rf", max=10)][1:] == sent
+        got = q.receive("rf", max=10)
+        assert [m.id for m in got][1:] == sent and [m.payload for m in got] == [0, 1, 2, 3]
+        q.ack_many(got)
+        assert q.stats("rf")[0].live == 0
 
 
 def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:

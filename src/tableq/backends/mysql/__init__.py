@@ -224,11 +224,11 @@ class MySQLBackend(SqlBackend):
     def _attempt(self, fn: Callable[[Cursor], T], *, tx: bool, write: bool) -> T:
         with self.pool.connection() as c, self.map_errors():
             if not tx:
-                with c.cursor() as cur:
+                with c.cursor(DictCursor) as cur:
                     return fn(cur)
             c.begin()
             try:
-                with c.cursor() as cur:
+                with c.cursor(DictCursor) as cur:
                     result = fn(cur)
                 c.commit()
                 return result
