@@ -944,38 +944,44 @@ def test_postgres_transaction_aborted_by_a_caught_error_does_not_pretend_to_comm
         assert q.stats("ab")[0].ready == 1 and q.peek("ab")[0].attempts == 0
 
 
-def _other_rows(conn: Any, dialect: str) -> None:
-    """Sets the driver's other kind of rows on a connection (what a caller may do)."""
+def _other_session(conn: Any, dialect: str) -> None:
+    """Sets the driver's other kind of rows on a connection, and where the driver lets a
+    transaction do it, its own transaction handling (what a caller may do)."""
     if dialect == "postgres":
         from psycopg.rows import dict_row
-        conn.row_factory = dict_row
+        conn.row_factory = dict_row  # psycopg refuses to change autocommit in a transaction
     elif dialect == "mysql":
         import pymysql
         conn.cursorclass = pymysql.cursors.Cursor  # tuples, where tableq's are dicts
+        conn.autocommit(False)
     else:
         conn.row_factory = None
+        conn.isolation_level = "DEFERRED"
 
 
-def test_connection_given_back_by_a_transaction_serves_tableq_whatever_rows_it_was_set_to(
+def test_connection_given_back_by_a_transaction_serves_tableq_whatever_the_caller_set(
     db_url: str,
 ) -> None:
-    """A caller may set its driver's other rows on the connection of queue.transaction()
-    (psycopg's dict_row is a common idiom); tableq's own statements on that connection,
-    once it is back in the pool, still work."""
+    """A caller may set its driver's other rows (psycopg's dict_row is a common idiom) or
+    transaction handling on the connection of queue.transaction(); tableq's own statements
+    on that connection, once it is back in the pool, still work and still commit."""
     one = {} if db_url.startswith("sqlite") else {"pool_size": 1}  # the same connection again
     with tableq.connect(db_url, migrate=True, **one) as q:
         with q.transaction() as tx:
-            _other_rows(tx.connection, q.dialect)
+            _other_session(tx.connection, q.dialect)
             tx.send("rf", 0)
         with pytest.raises(RuntimeError, match="raised"):
             with q.transaction() as tx:
-                _other_rows(tx.connection, q.dialect)
+                _other_session(tx.connection, q.dialect)
                 raise RuntimeError("raised")
         sent = [q.send("rf", i).id for i in range(1, 4)]
-        got = q.receive("rf", max=10)
-        assert [m.id for m in got][1:] == sent and [m.payload for m in got] == [0, 1, 2, 3]
-        q.ack_many(got)
-        assert q.stats("rf")[0].live == 0
+        with tableq.connect(db_url) as other:  # committed, not held in a transaction
+            assert other.stats("rf")[0].ready == 4
+            got = q.receive("rf", max=10)
+            assert [m.id for m in got][1:] == sent and [m.payload for m in got] == [0, 1, 2, 3]
+            assert other.stats("rf")[0].in_flight == 4
+            q.ack_many(got)
+            assert other.stats("rf") == [] or other.stats("rf")[0].live == 0
 
 
 def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:

@@ -231,8 +231,14 @@ class SqlBackend(Backend):
                 yield conn
             except BaseException:
                 self._guarded(self._rollback, conn)
+                self._restore(conn)
                 raise
             self._guarded(self._commit, conn)
+            self._restore(conn)
+
+    def _restore(self, conn: Any) -> None:
+        """Puts back what tableq's own statements rely on and a caller may have changed on
+        the connection transaction() handed it, before it goes back to the pool."""
 
     def _guarded(self, step: Callable[[Any], None], conn: Any) -> None:
         with self.map_errors():

@@ -249,6 +249,9 @@ class MySQLBackend(SqlBackend):
     def _rollback(self, conn: Any) -> None:
         conn.rollback()
 
+    def _restore(self, conn: Any) -> None:
+        conn.autocommit(True)  # no round trip when it is on: a single statement commits
+
     def _all(self, cur: Cursor, query: str, params: Params | None = None) -> list[Row]:
         cur.execute(query, params)
         return list(cur.fetchall())

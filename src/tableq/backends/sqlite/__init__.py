@@ -187,6 +187,10 @@ class SQLiteBackend(SqlBackend):
         if conn.in_transaction:
             conn.execute(self.Q.tx_rollback)
 
+    def _restore(self, conn: Any) -> None:
+        if conn.isolation_level is not None:  # the driver's implicit BEGINs: tableq's own
+            conn.isolation_level = None       # single statements would never commit
+
     def _all(self, cur: Cursor, query: str, params: Params | None = None) -> list[Row]:
         done = cur.execute(query, params or {})
         names = [d[0] for d in done.description]
