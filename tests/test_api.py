@@ -490,6 +490,31 @@ def test_outbox_send_commits_and_rolls_back_with_the_callers_transaction(
         q.send("outbox", 1, connection=object())
 
 
+@pytest.mark.parametrize("retention", [False, True])
+def test_acks_on_the_callers_connection_commit_and_roll_back_with_it(
+    db_url: str, retention: bool
+) -> None:
+    """ack_many / ack / dead_letter with connection=, on the application's own driver
+    connection (not one of tableq's: no tableq session settings or encoders on it)."""
+    with tableq.connect(db_url, migrate=True, retention=retention) as q:
+        q.send_many("acks", range(6))
+        got = q.receive("acks", max=6, visibility_timeout=60)
+        conn = driver_connection(db_url)
+        try:
+            q.ack_many(got[:3], connection=conn)
+            conn.rollback()
+            assert q.stats("acks")[0].in_flight == 6  # rolled back: still leased
+            q.ack_many(got[:3], connection=conn)
+            q.ack(got[3], connection=conn)
+            q.dead_letter(got[4], "poison", connection=conn)
+            conn.commit()
+        finally:
+            conn.close()
+        st = q.stats("acks")[0]
+        assert (st.in_flight, st.dead) == (1, 1)
+        assert [d.error for d in q.dead_letters("acks")] == ["poison"]
+
+
 def test_forward_sends_and_acks_atomically(q: tableq.Queue) -> None:
     q.send("step1", {"order": 1})
     (m,) = q.receive("step1")
@@ -945,43 +970,47 @@ def test_postgres_transaction_aborted_by_a_caught_error_does_not_pretend_to_comm
 
 
 def _other_session(conn: Any, dialect: str) -> None:
-    """Sets the driver's other kind of rows on a connection, and where the driver lets a
-    transaction do it, its own transaction handling (what a caller may do)."""
+    """Sets the driver's other kinds of rows and cursors on a connection, and where the
+    driver lets a transaction do it, its own transaction handling (what a caller may do)."""
     if dialect == "postgres":
+        import psycopg
         from psycopg.rows import dict_row
         conn.row_factory = dict_row  # psycopg refuses to change autocommit in a transaction
+        conn.cursor_factory = psycopg.RawCursor  # $1 placeholders
     elif dialect == "mysql":
         import pymysql
         conn.cursorclass = pymysql.cursors.Cursor  # tuples, where tableq's are dicts
         conn.autocommit(False)
     else:
-        conn.row_factory = None
+        conn.row_factory, conn.text_factory = None, bytes
         conn.isolation_level = "DEFERRED"
 
 
 def test_connection_given_back_by_a_transaction_serves_tableq_whatever_the_caller_set(
     db_url: str,
 ) -> None:
-    """A caller may set its driver's other rows (psycopg's dict_row is a common idiom) or
-    transaction handling on the connection of queue.transaction(); tableq's own statements
-    on that connection, once it is back in the pool, still work and still commit."""
+    """A caller may set its driver's other rows (psycopg's dict_row is a common idiom),
+    cursors or transaction handling on the connection of queue.transaction(); tableq's own
+    statements on that connection, once it is back in the pool, still work and still
+    commit, after a block that committed and after one that raised."""
     one = {} if db_url.startswith("sqlite") else {"pool_size": 1}  # the same connection again
-    with tableq.connect(db_url, migrate=True, **one) as q:
+    with tableq.connect(db_url, migrate=True, **one) as q, tableq.connect(db_url) as other:
         with q.transaction() as tx:
-            _other_session(tx.connection, q.dialect)
             tx.send("rf", 0)
+            _other_session(tx.connection, q.dialect)  # after: tableq's statements need it
+        sent = [q.send("rf", 1).id]
+        assert other.stats("rf")[0].ready == 2  # committed, not held in a transaction
         with pytest.raises(RuntimeError, match="raised"):
             with q.transaction() as tx:
                 _other_session(tx.connection, q.dialect)
                 raise RuntimeError("raised")
-        sent = [q.send("rf", i).id for i in range(1, 4)]
-        with tableq.connect(db_url) as other:  # committed, not held in a transaction
-            assert other.stats("rf")[0].ready == 4
-            got = q.receive("rf", max=10)
-            assert [m.id for m in got][1:] == sent and [m.payload for m in got] == [0, 1, 2, 3]
-            assert other.stats("rf")[0].in_flight == 4
-            q.ack_many(got)
-            assert other.stats("rf") == [] or other.stats("rf")[0].live == 0
+        sent += [q.send("rf", i).id for i in range(2, 4)]
+        assert other.stats("rf")[0].ready == 4
+        got = q.receive("rf", max=10)
+        assert [m.id for m in got][1:] == sent and [m.payload for m in got] == [0, 1, 2, 3]
+        assert other.stats("rf")[0].in_flight == 4
+        q.ack_many(got)
+        assert other.stats("rf") == [] or other.stats("rf")[0].live == 0
 
 
 def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:

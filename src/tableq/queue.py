@@ -675,7 +675,9 @@ class Queue:
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """Exactly-once processing: receive, your own SQL on tx.connection, ack and send all
-        commit together, or all roll back when the block raises (or the process dies)."""
+        commit together, or all roll back when the block raises (or the process dies).
+        tx.connection goes back to tableq's pool after the block: session settings you
+        change on it are yours to undo (SET LOCAL on PostgreSQL; docs/worker.md)."""
         with self._backend.transaction() as conn:
             yield Transaction(self, conn)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -231,10 +231,20 @@ class SqlBackend(Backend):
                 yield conn
             except BaseException:
                 self._guarded(self._rollback, conn)
-                self._restore(conn)
+                self._give_back(conn)
                 raise
             self._guarded(self._commit, conn)
+            self._give_back(conn)
+
+    def _give_back(self, conn: Any) -> None:
+        """_restore() once transaction()'s transaction has ended (before, it could commit the
+        caller's work). The outcome is decided by then, so this never raises: a connection it
+        cannot restore is closed, and the pool drops it."""
+        try:
             self._restore(conn)
+        except Exception:  # noqa: BLE001 - any failure here loses the connection, nothing more
+            with suppress(Exception):
+                conn.close()
 
     def _restore(self, conn: Any) -> None:
         """Puts back what tableq's own statements rely on and a caller may have changed on

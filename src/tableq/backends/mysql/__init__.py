@@ -237,6 +237,10 @@ class MySQLBackend(SqlBackend):
                 raise
 
     def _cursor(self, conn: Any) -> AbstractContextManager[Cursor]:
+        # The caller's own connection was made without tableq's `conv`: without the encoders
+        # of its id and ref lists PyMySQL would quote them as one string (a syntax error).
+        if _Ids not in conn.encoders:
+            conn.encoders = {**conn.encoders, _Ids: _encode_ids, _Tuples: _encode_tuples}
         cur: AbstractContextManager[Cursor] = conn.cursor(DictCursor)
         return cur
 
@@ -250,6 +254,7 @@ class MySQLBackend(SqlBackend):
         conn.rollback()
 
     def _restore(self, conn: Any) -> None:
+        conn.cursorclass = DictCursor
         conn.autocommit(True)  # no round trip when it is on: a single statement commits
 
     def _all(self, cur: Cursor, query: str, params: Params | None = None) -> list[Row]:

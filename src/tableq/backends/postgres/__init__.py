@@ -68,6 +68,13 @@ def _scalars(m: NewMessage) -> dict[str, Any]:
             "delay_s": float(m.delay_s)}
 
 
+def _restore(conn: psycopg.Connection[Any]) -> None:
+    """Puts back what tableq's own statements rely on and a caller may have changed on the
+    connection transaction() handed it, before it goes back to the pool (attributes only: no
+    round trip; the caller's session SETs are the caller's to undo, docs/worker.md)."""
+    conn.row_factory, conn.cursor_factory = tuple_row, psycopg.Cursor
+
+
 def _due_unkeyed(m: NewMessage) -> bool:
     return m.key is None and m.at is None and not m.delay_s
 
@@ -371,7 +378,7 @@ class PostgresBackend(SqlBackend):
             try:
                 yield conn
             except BaseException as exc:
-                conn.row_factory = tuple_row  # back to the pool as tableq made it
+                _restore(conn)
                 with self.map_errors():
                     tx.__exit__(type(exc), exc, exc.__traceback__)
                 if conn.broken:
@@ -380,7 +387,7 @@ class PostgresBackend(SqlBackend):
                     with self.map_errors():
                         raise
                 raise
-            conn.row_factory = tuple_row
+            _restore(conn)
             with self.map_errors():
                 if conn.info.transaction_status == TransactionStatus.INERROR:
                     tx.__exit__(None, None, None)  # rolls back: PostgreSQL would not commit

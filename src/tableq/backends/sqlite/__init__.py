@@ -188,6 +188,7 @@ class SQLiteBackend(SqlBackend):
             conn.execute(self.Q.tx_rollback)
 
     def _restore(self, conn: Any) -> None:
+        conn.row_factory, conn.text_factory = sqlite3.Row, str
         if conn.isolation_level is not None:  # the driver's implicit BEGINs: tableq's own
             conn.isolation_level = None       # single statements would never commit
 
