@@ -1013,6 +1013,20 @@ def test_connection_given_back_by_a_transaction_serves_tableq_whatever_the_calle
         assert other.stats("rf") == [] or other.stats("rf")[0].live == 0
 
 
+@pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
+def test_pool_keeps_a_connection_after_a_foreign_exception_only_while_it_is_open(
+    db_url: str,
+) -> None:
+    """After an exception that is not tableq's, the pool asks the driver whether the
+    connection is still open: psycopg says it by `closed`, PyMySQL by `open`."""
+    from tableq.backends._pool import _is_driver_error
+
+    conn = driver_connection(db_url)
+    assert not _is_driver_error(conn)
+    conn.close()
+    assert _is_driver_error(conn)
+
+
 def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:
     texts = ['{\n\t"a": [1, 2],\r\n "b\\\\": "x"}', " 7 ", '"s"', "null"]
     q.send_many("jt", [tableq.JsonText(t) for t in texts])

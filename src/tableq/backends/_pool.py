@@ -126,6 +126,9 @@ class Borrowed:
 
 def _is_driver_error(conn: Any) -> bool:
     """A non-tableq exception leaves the connection reusable only if the driver says it is
-    still open (drivers expose `closed`; sqlite3 has none and never breaks this way)."""
-    closed = getattr(conn, "closed", False)
+    still open (psycopg's `closed`, PyMySQL's `open`; sqlite3 has neither and never breaks
+    this way)."""
+    closed = getattr(conn, "closed", None)
+    if closed is None:
+        return not getattr(conn, "open", True)
     return bool(closed() if callable(closed) else closed)

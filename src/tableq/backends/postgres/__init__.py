@@ -68,13 +68,6 @@ def _scalars(m: NewMessage) -> dict[str, Any]:
             "delay_s": float(m.delay_s)}
 
 
-def _restore(conn: psycopg.Connection[Any]) -> None:
-    """Puts back what tableq's own statements rely on and a caller may have changed on the
-    connection transaction() handed it, before it goes back to the pool (attributes only: no
-    round trip; the caller's session SETs are the caller's to undo, docs/worker.md)."""
-    conn.row_factory, conn.cursor_factory = tuple_row, psycopg.Cursor
-
-
 def _due_unkeyed(m: NewMessage) -> bool:
     return m.key is None and m.at is None and not m.delay_s
 
@@ -378,7 +371,7 @@ class PostgresBackend(SqlBackend):
             try:
                 yield conn
             except BaseException as exc:
-                _restore(conn)
+                self._restore(conn)
                 with self.map_errors():
                     tx.__exit__(type(exc), exc, exc.__traceback__)
                 if conn.broken:
@@ -387,7 +380,7 @@ class PostgresBackend(SqlBackend):
                     with self.map_errors():
                         raise
                 raise
-            _restore(conn)
+            self._restore(conn)
             with self.map_errors():
                 if conn.info.transaction_status == TransactionStatus.INERROR:
                     tx.__exit__(None, None, None)  # rolls back: PostgreSQL would not commit
@@ -396,6 +389,11 @@ class PostgresBackend(SqlBackend):
                         "the whole transaction back and nothing was committed; let the error "
                         "propagate out of the block (or use a savepoint) and retry")
                 tx.__exit__(None, None, None)
+
+    def _restore(self, conn: psycopg.Connection[Any]) -> None:
+        # Attributes only, no round trip, so before the rollback or commit too. The caller's
+        # session SETs are the caller's to undo (docs/worker.md).
+        conn.row_factory, conn.cursor_factory = tuple_row, psycopg.Cursor
 
     def listener(self, topics: Collection[str] | None = None) -> PostgresListener:
         return PostgresListener(self, topics)
