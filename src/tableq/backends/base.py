@@ -157,10 +157,18 @@ class UniqueViolation(DatabaseError):
 class ErrorBoundary:
     """The shape of every dialect's one error boundary, `with map_errors(where):`: an
     exception of the driver raised in the block leaves it as the tableq error that `mapped`
-    gives. A class, not a generator: every statement passes through it."""
+    gives. A class, not a generator: every statement passes through it. A dialect names its
+    driver's base exception and its mapping in the class statement:
+    `class map_errors(ErrorBoundary, driver_error=..., mapped=...)`."""
 
     __slots__ = ("where",)
     driver_error: ClassVar[type[BaseException]]
+    mapped: ClassVar[Callable[[Any, str], Exception]]
+
+    def __init_subclass__(cls, *, driver_error: type[BaseException],
+                          mapped: Callable[[Any, str], Exception], **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.driver_error, cls.mapped = driver_error, staticmethod(mapped)
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -171,11 +179,7 @@ class ErrorBoundary:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if kind is not None and issubclass(kind, self.driver_error):
-            raise self.mapped(exc, self.where) from exc
-
-    @staticmethod
-    def mapped(exc: Any, where: str) -> Exception:
-        raise NotImplementedError
+            raise type(self).mapped(exc, self.where) from exc
 
 
 _retries = 0

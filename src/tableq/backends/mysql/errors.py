@@ -64,9 +64,7 @@ def _mapped(exc: pymysql.MySQLError, where: str) -> Exception:
     return DatabaseError(f"MySQL error {code} at {where}: {text}")
 
 
-class map_errors(ErrorBoundary):  # noqa: N801 - used as `with map_errors(where):`, like a function
+class map_errors(ErrorBoundary, driver_error=pymysql.MySQLError, mapped=_mapped):  # noqa: N801
     """The boundary: PyMySQL's exceptions raised in the with-block become tableq's."""
 
     __slots__ = ()
-    driver_error = pymysql.MySQLError
-    mapped = staticmethod(_mapped)

@@ -45,9 +45,7 @@ def _mapped(exc: psycopg.Error, where: str) -> Exception:
     return DatabaseError(f"PostgreSQL error at {where}: {text}")
 
 
-class map_errors(ErrorBoundary):  # noqa: N801 - used as `with map_errors(where):`, like a function
+class map_errors(ErrorBoundary, driver_error=psycopg.Error, mapped=_mapped):  # noqa: N801
     """The boundary: psycopg's exceptions raised in the with-block become tableq's."""
 
     __slots__ = ()
-    driver_error = psycopg.Error
-    mapped = staticmethod(_mapped)

@@ -38,9 +38,7 @@ def _mapped(exc: Any, where: str) -> Exception:
     return DatabaseError(f"SQLite error at {where}: {exc}")
 
 
-class map_errors(ErrorBoundary):  # noqa: N801 - used as `with map_errors(where):`, like a function
+class map_errors(ErrorBoundary, driver_error=sqlite3.DatabaseError, mapped=_mapped):  # noqa: N801
     """The boundary: sqlite3's exceptions raised in the with-block become tableq's."""
 
     __slots__ = ()
-    driver_error = sqlite3.DatabaseError
-    mapped = staticmethod(_mapped)
