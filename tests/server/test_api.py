@@ -147,7 +147,10 @@ def test_idempotent_send_retried_returns_the_first_result(server: Server,
         assert other.post("/v1/topics/pay/messages", json=body,
                           headers=headers).json()["id"] != first.json()["id"]
     bad = admin.post("/v1/topics/pay/messages", json=body, headers={"Idempotency-Key": "a b"})
-    assert bad.status_code in (400, 422)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "InvalidIdempotencyKey"
+    # A replay sends nothing, so it counts nothing.
+    text = admin.get("/metrics").text
+    assert 'tableq_sent_total{topic="pay"} 5.0' in text, text
 
 
 def test_concurrent_idempotent_retries_send_once(server: Server, admin: httpx.Client) -> None:
@@ -196,6 +199,31 @@ def test_long_poll_wakes_on_a_send(server: Server, admin: httpx.Client) -> None:
     assert time.monotonic() - empty_started >= 0.3
 
 
+@pytest.mark.parametrize("mode", ["at_least_once", "at_most_once"])
+def test_a_long_poll_whose_client_left_takes_nothing(server: Server, mode: str) -> None:
+    """The client gives up while its long poll waits; a send then ends the wait. The poll
+    must not lease (or, at most once, delete) the message for nobody."""
+    token = server.token("consumer", ["gone"])
+    waiter = server.app.state.tableq.waiter
+
+    def poll() -> None:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"},
+                          timeout=1) as c, pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/topics/gone/receive", json={"wait_s": 15, "mode": mode,
+                                                    "visibility_timeout": 300})
+
+    t = threading.Thread(target=poll)
+    t.start()
+    wait_until(lambda: waiter._waiting.get("gone"), timeout=10)
+    t.join(10)
+    server.queue.send("gone", {"n": 1})
+    wait_until(lambda: not waiter._waiting.get("gone"), timeout=10)  # the poll has ended
+    stats = server.queue.stats("gone")[0]
+    assert (stats.ready, stats.in_flight) == (1, 0)
+    (msg,) = server.queue.receive("gone")
+    assert msg.attempts == 1
+
+
 def test_errors_are_json_with_codes_and_no_tracebacks(server: Server,
                                                       admin: httpx.Client) -> None:
     server.queue.max_payload_bytes = 100_000  # under the body cap, so the library's check shows
@@ -206,7 +234,7 @@ def test_errors_are_json_with_codes_and_no_tracebacks(server: Server,
          "ValidationError"),
         (admin.post("/v1/topics/%20bad/messages", json={"payload": 1}), 422, "ValidationError"),
         (admin.post("/v1/topics/t/messages", content=b"{not json",
-                    headers={"Content-Type": "application/json"}), 422, "ValidationError"),
+                    headers={"Content-Type": "application/json"}), 400, "BadRequest"),
         (admin.post("/v1/topics/t/messages", json={"payload": 1, "key": "k",
                                                    "on_duplicate": "error"}), 200, None),
         (admin.post("/v1/topics/t/messages", json={"payload": 2, "key": "k",
@@ -222,6 +250,9 @@ def test_errors_are_json_with_codes_and_no_tracebacks(server: Server,
         (admin.post("/v1/topics/t/messages", content=b"[" * 200_000 + b"]" * 200_000,
                     headers={"Content-Type": "application/json"}), None, None),
     ]
+    wrong = admin.put("/v1/topics/t/messages", json={"payload": 1})
+    assert wrong.status_code == 405
+    assert {"GET", "POST"} <= set(wrong.headers["Allow"].split(", ")), wrong.headers
     for r, status, code in cases:
         if status is None:
             assert 400 <= r.status_code < 500, r.text
@@ -307,6 +338,7 @@ def test_authentication(server: Server) -> None:
                   anon.get("/v1/stats", headers={"Authorization": f"Basic {admin_token}"})):
             assert r.status_code == 401, r.text
             assert r.json()["error"]["code"] == "AuthenticationFailed"
+            assert r.headers["WWW-Authenticate"] == 'Bearer realm="tableq"'
         # A valid header plus a token in the URL is refused too: URLs leak into logs.
         r = anon.get("/v1/stats", params={"token": admin_token},
                      headers={"Authorization": f"Bearer {admin_token}"})

@@ -193,9 +193,11 @@ def test_aws_cli_round_trip(server: Server) -> None:
     assert server.queue.stats("cli")[0].live == 0
 
 
-def test_malformed_fields_get_an_sqs_error(server: Server) -> None:
-    """Signed requests whose fields have the wrong JSON types (which boto3 would never send,
-    but other clients might) get InvalidParameterValue, not a 500, and change nothing."""
+def _signed(server: Server, op: str | None, body: dict[str, Any],
+            target_after_signing: str | None = None) -> Any:
+    """A request signed as botocore signs it (an admin key pair), sent with httpx, so that
+    its fields can be what boto3 would never send. `target_after_signing` adds an
+    X-Amz-Target header the signature does not cover."""
     import botocore.auth
     import botocore.awsrequest
     import botocore.credentials
@@ -203,28 +205,96 @@ def test_malformed_fields_get_an_sqs_error(server: Server) -> None:
 
     issued = server.issue("admin", ["*"], sqs=True)
     creds = botocore.credentials.Credentials(issued.record.access_key, issued.sqs_secret)
+    headers = {"Content-Type": "application/x-amz-json-1.0"}
+    if op is not None:
+        headers["X-Amz-Target"] = f"AmazonSQS.{op}"
+    req = botocore.awsrequest.AWSRequest("POST", f"{server.url}/sqs",
+                                         data=json.dumps(body).encode(), headers=headers)
+    botocore.auth.SigV4Auth(creds, "sqs", "eu-west-3").add_auth(req)
+    sent = dict(req.headers.items())
+    if target_after_signing is not None:
+        sent["X-Amz-Target"] = f"AmazonSQS.{target_after_signing}"
+    return httpx.post(req.url, headers=sent, content=req.body)
+
+
+def test_malformed_fields_get_an_sqs_error(server: Server) -> None:
+    """Signed requests whose fields have the wrong JSON types or values (which boto3 would
+    never send, but other clients might) get InvalidParameterValue, not a 500, before
+    anything is stored."""
     url = f"{server.url}/sqs/000000000000/bad"
     server.queue.send("bad", "kept")
 
-    def call(op: str, body: dict[str, Any]) -> httpx.Response:
-        req = botocore.awsrequest.AWSRequest(
-            "POST", f"{server.url}/sqs", data=json.dumps(body).encode(),
-            headers={"X-Amz-Target": f"AmazonSQS.{op}",
-                     "Content-Type": "application/x-amz-json-1.0"})
-        botocore.auth.SigV4Auth(creds, "sqs", "eu-west-3").add_auth(req)
-        return httpx.post(req.url, headers=dict(req.headers.items()), content=req.body)
+    def attr(data_type: Any, value: Any, name: str = "a") -> dict[str, Any]:
+        return {"QueueUrl": url, "MessageBody": "x",
+                "MessageAttributes": {name: {"DataType": data_type, "StringValue": value}}}
 
     for op, body in [
-        ("SendMessage", {"QueueUrl": url, "MessageBody": "x",
-                         "MessageAttributes": {"a": {"DataType": 5, "StringValue": "1"}}}),
-        ("SendMessage", {"QueueUrl": url, "MessageBody": "x",
-                         "MessageAttributes": {"a": {"DataType": "String", "StringValue": 1}}}),
+        ("SendMessage", attr(5, "1")),
+        ("SendMessage", attr("String", 1)),
+        ("SendMessage", attr("String.\ud800", "1")),  # answered 500 after storing it
+        ("SendMessage", attr("Binary", "AAAA")),
+        ("SendMessage", attr("Number", "seven")),
+        ("SendMessage", attr("String", "a\x00b")),
+        ("SendMessage", attr("String", "1", name="AWS.trace")),
+        ("SendMessage", attr("String", "1", name="n" * 150)),  # over the library's limit
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "\ud800"}),
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "a\x00b"}),
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "x", "MessageDeduplicationId": ""}),
         ("ReceiveMessage", {"QueueUrl": url, "AttributeNames": [{"a": 1}]}),
         ("ReceiveMessage", {"QueueUrl": url, "MessageAttributeNames": "All"}),
         ("GetQueueAttributes", {"QueueUrl": url, "AttributeNames": [1]}),
+        ("ListQueues", {"QueueNamePrefix": 5}),
+        ("ListQueues", {"QueueNamePrefix": ["a"]}),
     ]:
-        r = call(op, body)
+        r = _signed(server, op, body)
         assert r.status_code == 400, (op, body, r.text)
         assert r.json()["__type"].endswith("InvalidParameterValue"), r.text
     stats = server.queue.stats("bad")[0]
     assert (stats.ready, stats.in_flight) == (1, 0)
+
+
+def test_a_refused_batch_entry_fails_alone(server: Server) -> None:
+    """SendMessageBatch answers each entry: one the SQS rules or the library refuse (here
+    the queue's own payload limit, below SQS's) is in Failed, the others are sent."""
+    url = f"{server.url}/sqs/000000000000/batch"
+    server.queue.max_payload_bytes = 1_000
+    r = _signed(server, "SendMessageBatch", {"QueueUrl": url, "Entries": [
+        {"Id": "ok", "MessageBody": "fine"},
+        {"Id": "nul", "MessageBody": "a\x00b"},
+        {"Id": "name", "MessageBody": "x", "MessageAttributes": {
+            "n" * 150: {"DataType": "String", "StringValue": "1"}}},
+        {"Id": "big", "MessageBody": "x" * 2_000},
+        {"Id": "ok2", "MessageBody": "also fine"}]})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [s["Id"] for s in out["Successful"]] == ["ok", "ok2"]
+    assert {f["Id"]: (f["Code"], f["SenderFault"]) for f in out["Failed"]} == {
+        "nul": ("InvalidParameterValue", True), "name": ("InvalidParameterValue", True),
+        "big": ("InvalidParameterValue", True)}
+    assert [m.payload for m in server.queue.peek("batch", 10)] == ["fine", "also fine"]
+
+
+def test_headers_written_over_the_native_api_do_not_break_sqs_receives(server: Server,
+                                                                      sqs: Any) -> None:
+    """The header SQS keeps its data types in can be written by anyone over /v1 or the
+    library; a value that is not ours reads as String attributes, and the receive works."""
+    url = sqs.create_queue(QueueName="mixed")["QueueUrl"]
+    server.queue.send("mixed", "a", headers={"sqs-attribute-types": "not json", "n": "1"})
+    server.queue.send("mixed", "b", headers={"sqs-attribute-types": '{"n": 5}', "n": "2"})
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                              MessageAttributeNames=["All"])["Messages"]
+    assert [(m["Body"], m["MessageAttributes"]) for m in got] == [
+        ("a", {"n": {"DataType": "String", "StringValue": "1"}}),
+        ("b", {"n": {"DataType": "String", "StringValue": "2"}})]
+
+
+def test_every_amz_header_must_be_signed(server: Server) -> None:
+    """A captured request whose X-Amz-Target was not signed cannot be replayed as another
+    action (here a GetQueueAttributes turned into a PurgeQueue)."""
+    url = f"{server.url}/sqs/000000000000/kept"
+    server.queue.send("kept", "x")
+    r = _signed(server, None, {"QueueUrl": url}, target_after_signing="PurgeQueue")
+    assert r.status_code == 400 and r.json()["__type"].endswith("IncompleteSignature"), r.text
+    assert "x-amz-target" in r.json()["message"]
+    assert server.queue.stats("kept")[0].ready == 1
+    assert _signed(server, "GetQueueAttributes", {"QueueUrl": url}).status_code == 200

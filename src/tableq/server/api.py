@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from tableq.errors import (
     LeaseLost,
     NotFound,
     PermissionDenied,
+    TableqError,
 )
 from tableq.message import DeadLetter, Message, SendResult
 from tableq.server import models as m
@@ -36,7 +38,10 @@ from tableq.server.errors import ApiError
 from tableq.server.waiting import Deadline, next_poll_delay
 
 if TYPE_CHECKING:
+    from tableq.queue import Queue
     from tableq.server.app import ServerState
+
+log = logging.getLogger("tableq.server")
 
 bearer = HTTPBearer(auto_error=False, description="A token from `tableq token create`.")
 IDEMPOTENCY_KEY = re.compile(r"^[!-~]{1,255}$")
@@ -211,10 +216,10 @@ def _idempotency_key(value: str | None) -> str | None:
 @router.post("/topics/{topic:path}/messages", response_model=m.SendResultOut | m.SendBatchOut,
              responses={**ERRORS_SEND, 200: {"links": SEND_LINKS}},
              summary="Send one message or a batch")
-async def send(request: Request, topic: TopicPath, body: m.SendOne | m.SendBatch, p: Caller,
+async def send(request: Request, topic: TopicPath, body: m.SendBody, p: Caller,
                response: Response,
                idempotency_key: Annotated[str | None, Header(
-                   alias="Idempotency-Key", pattern=r"^[!-~]{1,255}$",
+                   alias="Idempotency-Key", json_schema_extra={"pattern": IDEMPOTENCY_KEY.pattern},
                    description="Retrying a send with the same key returns the first result")]
                = None) -> Any:
     st = state(request)
@@ -232,6 +237,7 @@ async def send(request: Request, topic: TopicPath, body: m.SendOne | m.SendBatch
         return result_out(target.send(topic, body.body(), on_duplicate=body.on_duplicate,
                                       **_send_options(body)))
 
+    replayed = False
     if key is None:
         out = await run_in_threadpool(do, st.queue)
     else:
@@ -253,11 +259,11 @@ async def send(request: Request, topic: TopicPath, body: m.SendOne | m.SendBatch
                 call.finish(200, json.dumps(result))
                 return result, False
         out, replayed = await run_in_threadpool(idempotent)
-        if replayed:
-            response.headers["Idempotent-Replayed"] = "true"
-    sent = len(out["results"]) if "results" in out else 1
-    st.metrics.sent.labels(topic).inc(sent)
-    st.wake(topic)
+    if replayed:  # the first call counted and woke; a replay sent nothing
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        st.metrics.sent.labels(topic).inc(len(out["results"]) if "results" in out else 1)
+        st.wake(topic)
     return out
 
 
@@ -285,13 +291,21 @@ async def receive(request: Request, topic: TopicPath, body: m.ReceiveIn, p: Call
 async def long_poll(request: Request, st: ServerState, topic: str, wait_s: float,
                     take: Callable[[], list[Message]]) -> list[Message]:
     """Receives until something comes or `wait_s` runs out. Nothing is held while waiting:
-    each try is one short query on a pooled connection, and a client that went away stops
-    the poll before it leases anything more."""
+    each try is one short query on a pooled connection. A client that went away stops the
+    poll before it leases anything more, and what a try leased as it left is given back
+    uncharged (only a message received at most once, already deleted, cannot be)."""
     deadline = Deadline(wait_s)
     delay = 0.0
     while True:
+        if await request.is_disconnected():
+            return []
         msgs = await run_in_threadpool(take)
-        if msgs or deadline.left() <= 0 or await request.is_disconnected():
+        if msgs:
+            if await request.is_disconnected():
+                await run_in_threadpool(give_back, st.queue, msgs)
+                return []
+            break
+        if deadline.left() <= 0:
             break
         delay = next_poll_delay(delay)
         assert st.waiter is not None
@@ -300,6 +314,17 @@ async def long_poll(request: Request, st: ServerState, topic: str, wait_s: float
     if msgs:
         st.metrics.received.labels(topic).inc(len(msgs))
     return msgs
+
+
+def give_back(queue: Queue, msgs: list[Message]) -> None:
+    """Releases leased messages that no client will see (best effort: a lease already lost
+    needs nothing, and one that cannot be released comes back when it ends)."""
+    for msg in msgs:
+        if msg.lease is not None:
+            try:
+                queue.release(msg)
+            except TableqError:
+                log.warning("tableq.server.release_failed message=%s", msg.id)
 
 
 @router.get("/topics/{topic:path}/messages", response_model=m.MessagesOut, responses=ERRORS_TOPIC,

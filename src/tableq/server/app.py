@@ -148,8 +148,10 @@ async def _send_json(send: Send, status: int, content: Any) -> None:
 
 
 def _error_response(status: int, content: dict[str, Any]) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status in errors.RETRYABLE else None
-    return JSONResponse(content, status_code=status, headers=headers)
+    headers = {"Retry-After": "1"} if status in errors.RETRYABLE else {}
+    if status == 401:  # RFC 9110: a 401 names the scheme that would be accepted
+        headers["WWW-Authenticate"] = 'Bearer realm="tableq"'
+    return JSONResponse(content, status_code=status, headers=headers or None)
 
 
 def create_app(queue: Queue, *, config: ServerConfig | None = None,
@@ -199,6 +201,10 @@ def create_app(queue: Queue, *, config: ServerConfig | None = None,
     async def on_invalid(request: Request, exc: RequestValidationError) -> Response:
         problems = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", ""))}
                     for e in exc.errors()[:20]]
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            return _error_response(400, errors.body(
+                "BadRequest", "the body is not valid JSON; send a JSON object with "
+                "Content-Type: application/json"))
         first = problems[0] if problems else {"loc": [], "msg": "invalid"}
         text = f"invalid request: {'.'.join(first['loc'])}: {first['msg']}"
         return _error_response(422, errors.body("ValidationError", text, problems=problems))
@@ -213,11 +219,11 @@ def create_app(queue: Queue, *, config: ServerConfig | None = None,
         if exc.status_code == 405:
             # Every method the path takes, not only the first route's (one path may have a
             # GET and a POST route).
-            methods = set()
-            for route in request.app.router.routes:
+            methods: set[str] = set()
+            for route in served:
                 if getattr(route, "methods", None) and route.matches(request.scope)[0] != \
                         Match.NONE:
-                    methods |= route.methods
+                    methods |= getattr(route, "methods", set())
             response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
@@ -234,10 +240,12 @@ def create_app(queue: Queue, *, config: ServerConfig | None = None,
 
     from tableq.server import api, dashboard, ops, sqs
 
-    app.include_router(api.router)
-    app.include_router(ops.router)
-    app.include_router(sqs.router)
-    app.include_router(dashboard.router)
+    routers = (api.router, ops.router, sqs.router, dashboard.router)
+    for router in routers:
+        app.include_router(router)
+    # The routes themselves: FastAPI's app.router.routes holds the included routers, which
+    # have no methods of their own.
+    served = [*app.router.routes, *(r for router in routers for r in router.routes)]
     app.mount("/static/look", StaticFiles(directory=str(resources.files("tableq.look")
                                                        .joinpath("static"))), name="look")
     app.mount("/static", StaticFiles(directory=str(resources.files("tableq.server")

@@ -15,7 +15,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     WithJsonSchema,
     model_validator,
 )
@@ -137,6 +139,16 @@ class SendOne(MessageIn):
 class SendBatch(Strict):
     messages: Annotated[list[MessageIn], Field(min_length=1)]
     on_duplicate: OnDuplicate = "ignore"
+
+
+def _send_shape(value: Any) -> str:
+    return "batch" if isinstance(value, dict) and "messages" in value else "one"
+
+
+# A body with "messages" is a batch and is checked only as one, so that its errors name the
+# batch's own fields instead of what a single send would not accept.
+SendBody = Annotated[Annotated[SendOne, Tag("one")] | Annotated[SendBatch, Tag("batch")],
+                     Discriminator(_send_shape)]
 
 
 class SendResultOut(BaseModel):

@@ -109,6 +109,12 @@ def verify(cred: Credential, secret: str, *, method: str, path: str, query: str,
         raise SignatureError("InvalidClientTokenId",
                              f"the credential is scoped to service {cred.service!r}, not "
                              f"{service!r}")
+    unsigned = sorted(h for h in headers if h.startswith("x-amz-")
+                      and h not in cred.signed_headers)
+    if unsigned:  # else a captured request could be replayed as another action
+        raise SignatureError("IncompleteSignature",
+                             f"every x-amz-* header must be signed, and {', '.join(unsigned)} "
+                             "is not; list it in SignedHeaders (SDKs do so themselves)")
     stamp, at = request_time(headers)
     if stamp[:8] != cred.date:
         raise SignatureError("SignatureDoesNotMatch",

@@ -11,10 +11,13 @@ import binascii
 import dataclasses
 import hashlib
 import json
+import logging
+import re
 import struct
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -23,8 +26,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
 from tableq.errors import LeaseLost, TableqError
-from tableq.message import Message
-from tableq.names import check_topic
+from tableq.message import Message, SendResult
+from tableq.names import check_headers, check_key, check_topic
 from tableq.server import sigv4
 from tableq.server.auth import ROLE_ACTIONS, Principal
 from tableq.server.errors import status_of
@@ -32,6 +35,7 @@ from tableq.server.errors import status_of
 if TYPE_CHECKING:
     from tableq.server.app import ServerState
 
+log = logging.getLogger("tableq.server")
 router = APIRouter(include_in_schema=False)
 CONTENT_TYPE = "application/x-amz-json-1.0"
 ACCOUNT = "000000000000"
@@ -43,6 +47,12 @@ DELAY_MAX_S = 900
 BODY_MAX = 262_144
 TYPES_HEADER = "sqs-attribute-types"
 HANDLE_PREFIX = "tq1:"
+# What SQS takes in a message body and attribute values, and its attribute names and types
+# (we keep String and Number: Binary attributes are not supported).
+SQS_TEXT = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
+SQS_CHARSET = "#x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF"
+ATTRIBUTE_NAME = re.compile(r"(?!AWS\.|Amazon\.|\.)(?!.*\.\.)[A-Za-z0-9_.-]{1,256}(?<!\.)")
+DATA_TYPE = re.compile(r"(?:String|Number)(?:\.[A-Za-z0-9_.-]{1,249})?")
 # Our code -> (AWS query-compatible code, HTTP status): what botocore reports as the code.
 _AWS = {
     "AccessDenied": ("AccessDenied", 403),
@@ -178,8 +188,16 @@ def _names(params: dict[str, Any], field: str) -> list[str]:
     return value
 
 
+def _text(what: str, value: str) -> str:
+    if not SQS_TEXT.fullmatch(value):
+        raise SqsError("InvalidParameterValue", f"{what} holds a character SQS does not "
+                       f"allow; the allowed ones are {SQS_CHARSET}")
+    return value
+
+
 def _headers(attrs: Any) -> dict[str, str] | None:
-    """MessageAttributes (String and Number) as message headers."""
+    """MessageAttributes (String and Number) as message headers, checked as SQS and the
+    library check them, so that nothing is refused after it was stored."""
     if not attrs:
         return None
     if not isinstance(attrs, dict) or len(attrs) > 10:
@@ -188,24 +206,56 @@ def _headers(attrs: Any) -> dict[str, str] | None:
     types: dict[str, str] = {}
     for name, a in attrs.items():
         kind = a.get("DataType", "") if isinstance(a, dict) else ""
-        if (not isinstance(kind, str) or kind.split(".")[0] not in ("String", "Number")
+        if (not isinstance(kind, str) or not DATA_TYPE.fullmatch(kind)
                 or not isinstance(a.get("StringValue"), str)):
             raise SqsError("InvalidParameterValue", f"message attribute {name!r}: only String "
-                           "and Number attributes are supported")
+                           "and Number attributes (DataType String, Number or either with a "
+                           ".label of letters, digits, '_', '-' and '.') with a StringValue "
+                           "are supported")
         if name == TYPES_HEADER:
             raise SqsError("InvalidParameterValue", f"{TYPES_HEADER} is a reserved name")
-        headers[name] = str(a["StringValue"])
+        if not ATTRIBUTE_NAME.fullmatch(name):
+            raise SqsError("InvalidParameterValue", f"message attribute name {name!r}: use "
+                           "letters, digits, '_', '-' and '.', not starting with 'AWS.' or "
+                           "'Amazon.' and without '..'")
+        value = _text(f"message attribute {name!r}", a["StringValue"])
+        if kind.startswith("Number") and not _number(value):
+            raise SqsError("InvalidParameterValue", f"message attribute {name!r}: "
+                           f"{value[:40]!r} is not a number")
+        headers[name] = value
         if kind != "String":
             types[name] = kind
     if types:
         headers[TYPES_HEADER] = json.dumps(types)
-    return headers
+    try:
+        return check_headers(headers)
+    except TableqError as exc:
+        raise SqsError("InvalidParameterValue", f"MessageAttributes: {exc}") from None
+
+
+def _number(text: str) -> bool:
+    try:
+        return Decimal(text).is_finite()
+    except InvalidOperation:
+        return False
+
+
+def _types(msg: Message) -> dict[str, str]:
+    """The SQS data types kept with a message's headers. Headers are written by /v1 clients
+    too, so a value that is not ours reads as "every attribute is a String"."""
+    try:
+        types = json.loads(msg.headers.get(TYPES_HEADER, "{}"))
+    except ValueError:
+        return {}
+    if not isinstance(types, dict):
+        return {}
+    return {k: v for k, v in types.items() if isinstance(v, str) and DATA_TYPE.fullmatch(v)}
 
 
 def _attributes(msg: Message, wanted: list[str]) -> dict[str, dict[str, str]]:
     if not wanted:
         return {}
-    types = json.loads(msg.headers.get(TYPES_HEADER, "{}"))
+    types = _types(msg)
     return {name: {"DataType": types.get(name, "String"), "StringValue": value}
             for name, value in msg.headers.items()
             if name != TYPES_HEADER and ("All" in wanted or ".*" in wanted or name in wanted)}
@@ -249,6 +299,10 @@ async def endpoint(request: Request) -> Response:
     except TableqError as exc:
         err = _library_error(exc)
         return _error(err.code, err.message)
+    except Exception:  # a bug: the SQS shape, that clients can read, and the log has it
+        log.exception("tableq.server.unexpected_error path=/sqs action=%s", action)
+        return _error("InternalError", "the server failed unexpectedly; its log has the "
+                      "details")
     return JSONResponse(out, media_type=CONTENT_TYPE,
                         headers={"x-amzn-RequestId": str(uuid.uuid4())})
 
@@ -300,6 +354,8 @@ def create_queue(st: ServerState, request: Request, p: Principal, params: dict[s
 def list_queues(st: ServerState, request: Request, p: Principal, params: dict[str, Any]
                 ) -> dict[str, Any]:
     prefix = params.get("QueueNamePrefix") or ""
+    if not isinstance(prefix, str):
+        raise SqsError("InvalidParameterValue", "QueueNamePrefix must be a string")
     limit = _int(params, "MaxResults", 1000, 1, 1000)
     names = [t for t in st.queue.topics() if p.sees(t) and t.startswith(prefix)]
     return {"QueueUrls": [queue_url(_base(request), t) for t in names[:limit]]}
@@ -330,12 +386,14 @@ def _message(topic: str, entry: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(body, str) or not body:
         raise SqsError("MissingParameter", "The request must contain the parameter "
                        "MessageBody.")
-    if len(body.encode("utf-8")) > BODY_MAX:
+    if len(_text("MessageBody", body).encode("utf-8")) > BODY_MAX:
         raise SqsError("InvalidParameterValue", f"One or more parameters are invalid. Reason: "
                        f"Message must be shorter than {BODY_MAX} bytes.")
     dedup = entry.get("MessageDeduplicationId")
-    if dedup is not None and not isinstance(dedup, str):
-        raise SqsError("InvalidParameterValue", "MessageDeduplicationId must be a string")
+    try:
+        check_key(dedup)
+    except TableqError as exc:
+        raise SqsError("InvalidParameterValue", f"MessageDeduplicationId: {exc}") from None
     return {"payload": body, "key": dedup,
             "delay": _int(entry, "DelaySeconds", 0, 0, DELAY_MAX_S),
             "headers": _headers(entry.get("MessageAttributes"))}
@@ -398,18 +456,39 @@ def send_message_batch(st: ServerState, request: Request, p: Principal,
         except SqsError as exc:
             failed.append(_failed(e["Id"], exc))
     if good:
-        results = st.queue.send_many(topic, [{k: v for k, v in entry.items() if v is not None}
-                                             for _, entry in good])
+        items = [{k: v for k, v in entry.items() if v is not None} for _, entry in good]
+        try:
+            results: list[SendResult | Exception] = list(st.queue.send_many(topic, items))
+        except TableqError as exc:
+            if status_of(exc) >= 500:
+                raise
+            # An entry the library refuses (the queue's own payload limit, ...): nothing was
+            # sent, so each entry is sent alone and fails alone, as in SQS.
+            results = [_send_alone(st, topic, item) for item in items]
         for (entry_id, entry), result in zip(good, results, strict=True):
-            ok.append({"Id": entry_id, **_sent(entry, result.id)})
-        st.metrics.sent.labels(topic).inc(len(good))
-        st.wake_threadsafe(topic)
+            if isinstance(result, Exception):
+                failed.append(_failed(entry_id, result))
+            else:
+                ok.append({"Id": entry_id, **_sent(entry, result.id)})
+        sent = sum(not isinstance(r, Exception) for r in results)
+        if sent:
+            st.metrics.sent.labels(topic).inc(sent)
+            st.wake_threadsafe(topic)
     return {"Successful": ok, "Failed": failed}
+
+
+def _send_alone(st: ServerState, topic: str, item: dict[str, Any]) -> SendResult | Exception:
+    try:
+        return st.queue.send(topic, **item)
+    except TableqError as exc:
+        if status_of(exc) >= 500:
+            raise
+        return exc
 
 
 async def _receive(st: ServerState, request: Request, p: Principal, params: dict[str, Any]
                    ) -> dict[str, Any]:
-    from tableq.server.api import long_poll
+    from tableq.server.api import give_back, long_poll
 
     topic = topic_of(params.get("QueueUrl"))
     _may(p, "consume", topic)
@@ -424,6 +503,15 @@ async def _receive(st: ServerState, request: Request, p: Principal, params: dict
         return st.queue.receive(topic, max=most or 1, visibility_timeout=vt)
 
     msgs = await long_poll(request, st, topic, float(wait or 0), take)
+    try:
+        return _received(msgs, wanted_attrs, system)
+    except Exception:
+        await run_in_threadpool(give_back, st.queue, msgs)  # leased, never delivered
+        raise
+
+
+def _received(msgs: list[Message], wanted_attrs: list[str], system: set[str]
+              ) -> dict[str, Any]:
     out = []
     for m in msgs:
         body = body_text(m.payload)
