@@ -116,14 +116,20 @@ class Message(Generic[P]):
             self._owner().ack(self)
 
     def nack(self, delay: float | timedelta | None = None, error: str | None = None) -> None:
-        self._owner().nack(self, delay=delay, error=error)
+        if self._transaction is not None:
+            self._transaction.nack(self, delay=delay, error=error)
+        else:
+            self._owner().nack(self, delay=delay, error=error)
 
     def heartbeat(self, extend: float | timedelta | None = None,
                   progress: Any = None) -> Message[P]:
         return self._owner().heartbeat(self, extend=extend, progress=progress)
 
     def dead_letter(self, error: str) -> None:
-        self._owner().dead_letter(self, error)
+        if self._transaction is not None:
+            self._transaction.dead_letter(self, error)
+        else:
+            self._owner().dead_letter(self, error)
 
     def forward(self, topic: str, payload: Any, *, key: str | None = None,
                 kind: str | None = None, headers: Mapping[str, str] | None = None,

@@ -604,10 +604,11 @@ class Queue:
             raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
 
     def nack(self, msg: Message, *, delay: float | timedelta | None = None,
-             error: str | None = None) -> None:
+             error: str | None = None, connection: Any = None) -> None:
         """Releases the message for another delivery after `delay` seconds, keeping `error`
-        as its last error. The attempt still counts towards max_attempts."""
-        self._release(msg, delay, error, penalty=True, action="nack")
+        as its last error. The attempt still counts towards max_attempts. With
+        connection=, it happens only if the caller's transaction on it commits."""
+        self._release(msg, delay, error, penalty=True, action="nack", connection=connection)
 
     def release(self, msg: Message) -> None:
         """Gives the message back at once without charging the attempt (for messages fetched
@@ -615,12 +616,12 @@ class Queue:
         self._release(msg, None, None, penalty=False, action="release")
 
     def _release(self, msg: Message, delay: Any, error: str | None, *, penalty: bool,
-                 action: str) -> None:
+                 action: str, connection: Any = None) -> None:
         msg_id, lease = self._leased(msg, action)
         if error is not None:
             error = error_text(error)
         if not self._backend.message_release(msg_id, lease, seconds("delay", delay, 0.0), error,
-                                             penalty):
+                                             penalty, connection):
             raise LeaseLost(msg.topic, msg.id, action)
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,

@@ -43,6 +43,12 @@ class Transaction:
     def ack(self, msg: Message) -> None:
         self._queue.ack(msg, connection=self._conn)
 
+    def nack(self, msg: Message, *, delay: float | timedelta | None = None,
+             error: str | None = None) -> None:
+        """Queue.nack inside this transaction: the message is released for another delivery
+        (after `delay`, keeping `error`) only if the transaction commits."""
+        self._queue.nack(msg, delay=delay, error=error, connection=self._conn)
+
     def dead_letter(self, msg: Message, error: str) -> None:
         self._queue.dead_letter(msg, error, connection=self._conn)
 

@@ -202,3 +202,26 @@ def test_run_worker_processes_from_python(db_url, queue, tmp_path):
     assert r.returncode == 0, r.stderr
     assert len({i for i, _ in effects(fx)}) == 30
     assert queue.stats("work")[0].live == 0
+
+
+def test_processes_mode_refuses_a_topic_without_a_handler_at_once(db_url, queue, tmp_path):
+    """One clear error from the supervisor, not N children failing one after the other
+    until it gives up (which took about 18 s and exited 15, a sibling's SIGTERM)."""
+    log = tmp_path / "worker.log"
+    started = time.monotonic()
+    proc = start_worker_process(db_url, "effects_app:app", "--topic", "nosuch",
+                                "--processes", "2", log=log, EFFECTS=str(tmp_path / "fx"))
+    code = proc.wait(timeout=60)
+    out = log.read_text()
+    assert code == 1, out
+    assert "no handler for topic(s) ['nosuch']" in out and "worker_started" not in out
+    assert time.monotonic() - started < 10
+
+
+def test_a_child_stopped_by_the_supervisors_sigterm_ended_as_asked():
+    from tableq.worker.supervisor import exit_status
+
+    assert exit_status(-signal.SIGTERM, stopped=True) == 0
+    assert exit_status(-signal.SIGTERM, stopped=False) == 1
+    assert exit_status(-signal.SIGKILL, stopped=True) == 1
+    assert (exit_status(0, stopped=True), exit_status(3, stopped=False)) == (0, 3)

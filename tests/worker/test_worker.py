@@ -150,6 +150,64 @@ def test_async_timeout_cancels(make_app):
     assert app.queue.stats("ahang")[0].dead == 1
 
 
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
+def test_any_exception_a_handler_raises_is_its_failure(make_app, raised):
+    """SystemExit and KeyboardInterrupt from a handler (sync, sync with a timeout, async)
+    are failures like any other: retried, then dead-lettered with their error. Before, a
+    sync handler's left its message in flight while the worker ran."""
+    app = make_app()
+    backoff = Backoff(base=0, jitter=False)
+
+    @app.handler("exit.sync", max_attempts=2, retry=backoff)
+    def plain(message):
+        raise raised("bad input")
+
+    @app.handler("exit.timed", max_attempts=2, retry=backoff, timeout=30)
+    def timed(message):
+        raise raised("bad input")
+
+    @app.handler("exit.async", max_attempts=2, retry=backoff)
+    async def coroutine(message):
+        raise raised("bad input")
+
+    topics = ["exit.sync", "exit.timed", "exit.async"]
+    for topic in topics:
+        app.queue.send_many(topic, [1, 2])
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    for topic in topics:
+        dead = app.queue.dead_letters(topic)
+        assert [d.attempts for d in dead] == [2, 2], topic
+        assert all(raised.__name__ in (d.error or "") for d in dead), dead
+        assert app.queue.stats(topic)[0].live == 0
+    assert worker.stats["dead_lettered"] == 6 and worker.stats["retried"] == 6
+
+
+def test_a_timeout_error_the_handler_raises_is_its_own_failure(make_app):
+    """TimeoutError is concurrent.futures' timeout too: a handler that raises one itself
+    (a socket, asyncio.wait_for) failed with its own error; it did not time out."""
+    app = make_app()
+
+    @app.handler("own.sync", max_attempts=1, timeout=30)
+    def plain(message):
+        raise TimeoutError("the payment service did not answer")
+
+    @app.handler("own.async", max_attempts=1)
+    async def coroutine(message):
+        await asyncio.wait_for(asyncio.sleep(10), 0.01)
+
+    app.queue.send("own.sync", 1)
+    app.queue.send("own.async", 1)
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    (sync_dead,) = app.queue.dead_letters("own.sync")
+    (async_dead,) = app.queue.dead_letters("own.async")
+    assert "the payment service did not answer" in (sync_dead.error or "")
+    assert "TimeoutError" in (async_dead.error or "")
+    assert "timed out after" not in (sync_dead.error or "") + (async_dead.error or "")
+    assert worker.stats["timed_out"] == 0 and worker.stats["dead_lettered"] == 2
+
+
 def test_heartbeat_keeps_a_long_job_from_redelivery(make_app):
     # visibility_timeout 1 s, jobs of 3.2 s; a second worker polls the same topic all along.
     app = make_app(visibility_timeout=1)
@@ -209,6 +267,34 @@ def test_exactly_once_lease_lost_rolls_back(make_app):
     assert app.queue.stats("eo2")[0].live == 1  # still there, never acked
 
 
+def test_an_exactly_once_handler_settles_its_message_in_its_transaction(make_app):
+    """A handler's own nack or dead_letter in exactly_once mode commits with its writes
+    (before, it went around the transaction: on PostgreSQL and MariaDB the writes were
+    rolled back while the dead letter stayed; on SQLite it waited on its own write lock)."""
+    app = make_app()
+
+    @app.handler("eo.self", mode="exactly_once", concurrency=2)
+    def handle(message):
+        n = message.payload
+        message.transaction.send("eo.effects", n)
+        if n % 3 == 0:
+            message.nack(delay=300, error="later")
+        elif n % 3 == 1:
+            message.dead_letter("refused")
+        # the rest return: the worker acks them in the transaction
+
+    app.queue.send_many("eo.self", list(range(9)))
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert sorted(m.payload for m in app.queue.peek("eo.effects", 20)) == list(range(9))
+    (stats,) = app.queue.stats("eo.self")
+    assert (stats.live, stats.scheduled, stats.dead) == (3, 3, 3)
+    assert {m.last_error for m in app.queue.peek("eo.self", 20)} == {"later"}
+    assert {d.error for d in app.queue.dead_letters("eo.self")} == {"refused"}
+    assert (worker.stats["acked"], worker.stats["retried"], worker.stats["dead_lettered"],
+            worker.stats["lease_lost"]) == (3, 3, 3, 0)
+
+
 def test_forward_sends_next_step_and_acks(make_app):
     app = make_app()
     got: list[dict] = []
@@ -250,6 +336,9 @@ def test_a_handler_that_settles_its_message_is_not_settled_again(make_app):
     worker = app.worker(burst=True)
     run_burst(worker)
     assert worker.stats["lease_lost"] == 0
+    # Logged and counted as what the handler did, not as acks.
+    assert (worker.stats["acked"], worker.stats["retried"],
+            worker.stats["dead_lettered"]) == (20, 20, 20)
     (stats,) = app.queue.stats("self")
     assert (stats.live, stats.scheduled, stats.dead) == (20, 20, 20)
     assert sorted(m.payload for m in app.queue.peek("self", limit=100)) == list(range(0, 60, 3))

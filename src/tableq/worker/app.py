@@ -216,8 +216,11 @@ class App:
     # --- running ----------------------------------------------------------------------------------
 
     def check(self, topics: Sequence[str] | None = None) -> None:
-        """Fails fast, with the database's own error (unreachable, not migrated), instead of
-        letting a worker start and retry forever. Cheap: one clock read, one index probe."""
+        """Fails fast, with the database's own error (unreachable, not migrated) or a topic
+        with no handler, instead of letting a worker start and retry forever (or N children
+        fail one after the other). Cheap: one clock read, one index probe."""
+        if topics:
+            self._specs(topics)
         q = self.queue
         q.now()
         chosen = list(topics) if topics else list(self.handlers) or [

@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from tableq.errors import LeaseLost
 from tableq.message import Message
 from tableq.queue import Queue
 from tableq.transaction import Transaction
+from tableq.worker import events
 from tableq.worker.executor import Executor, Outcome, describe
 from tableq.worker.health import is_outage
 
 
 class TrackedTransaction(Transaction):
-    """The exactly-once transaction handed to a handler; remembers what it acked."""
+    """The exactly-once transaction handed to a handler; remembers how it settled each
+    message (by id, as the worker's event name)."""
 
     def __init__(self, queue: Queue, connection: Any,
                  before_settle: Callable[[Message], None]) -> None:
         super().__init__(queue, connection)
-        self.settled: set[int] = set()
+        self.settled: dict[int, str] = {}
         self._before_settle = before_settle
 
     def ack(self, msg: Message) -> None:
@@ -31,12 +34,18 @@ class TrackedTransaction(Transaction):
         # commit and then find the row gone, a false "lease lost".
         self._before_settle(msg)
         super().ack(msg)
-        self.settled.add(msg.id)
+        self.settled[msg.id] = events.ACKED
+
+    def nack(self, msg: Message, *, delay: float | timedelta | None = None,
+             error: str | None = None) -> None:
+        self._before_settle(msg)
+        super().nack(msg, delay=delay, error=error)
+        self.settled[msg.id] = events.RETRIED
 
     def dead_letter(self, msg: Message, error: str) -> None:
         self._before_settle(msg)
         super().dead_letter(msg, error)
-        self.settled.add(msg.id)
+        self.settled[msg.id] = events.DEAD_LETTERED
 
 
 class _Rollback(Exception):
@@ -65,11 +74,11 @@ def exactly_once_body(queue: Queue, executor: Executor, fn: Callable[[Message], 
                     # Fenced by the lease: if it was lost, LeaseLost rolls back the
                     # handler's writes together with this ack.
                     ttx.ack(msg)
-                committed = Outcome("ok", None, inner.duration_s, "committed")
+                committed = Outcome("ok", None, inner.duration_s, ttx.settled[msg.id])
             return committed
         except _Rollback as rb:
             return rb.outcome
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is its failure
             if failed and exc is failed[0].exc:
                 return failed[0]  # the handler's own failure, rolled back
             if isinstance(exc, LeaseLost):

@@ -18,7 +18,6 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,20 +84,22 @@ class Executor:
         if inspect.iscoroutinefunction(fn) if is_async is None else is_async:
             import asyncio
 
-            fut = asyncio.run_coroutine_threadsafe(fn(arg), self._event_loop())
+            fut = asyncio.run_coroutine_threadsafe(_contained(fn(arg)), self._event_loop())
             try:
                 value = fut.result(timeout=timeout_s)
-            except FutureTimeout:
-                fut.cancel()
-                return Outcome("timeout", f"timed out after {timeout_s} s (cancelled)",
-                               time.monotonic() - start)
             except BaseException as exc:  # noqa: BLE001 - the handler's failure, whatever it is
+                # Timed out only if the handler is still running: a TimeoutError it raised
+                # itself (asyncio.wait_for, a socket) is its own failure.
+                if not fut.done():
+                    fut.cancel()
+                    return Outcome("timeout", f"timed out after {timeout_s} s (cancelled)",
+                                   time.monotonic() - start)
                 return _failed(exc, start)
             return Outcome("ok", None, time.monotonic() - start, value)
         if timeout_s is None:
             try:
                 value = fn(arg)
-            except Exception as exc:  # noqa: BLE001 - any handler exception is its failure
+            except BaseException as exc:  # noqa: BLE001 - SystemExit too: the handler's failure
                 return _failed(exc, start)
             result = fn_result(value, self)
             return result if result is not None else Outcome("ok", None,
@@ -114,10 +115,11 @@ class Executor:
         threading.Thread(target=call, name="tableq-handler", daemon=True).start()
         try:
             value = box.result(timeout=timeout_s)
-        except FutureTimeout:
-            return Outcome("timeout", f"timed out after {timeout_s} s (the handler thread "
-                           "still runs; its result will be ignored)", time.monotonic() - start)
-        except Exception as exc:  # noqa: BLE001 - any handler exception is its failure
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the handler's failure
+            if not box.done():
+                return Outcome("timeout", f"timed out after {timeout_s} s (the handler thread "
+                               "still runs; its result will be ignored)",
+                               time.monotonic() - start)
             return _failed(exc, start)
         return Outcome("ok", None, time.monotonic() - start, value)
 
@@ -134,12 +136,29 @@ def fn_result(value: Any, executor: Executor) -> Outcome | None:
             return await value
 
         try:
-            result = asyncio.run_coroutine_threadsafe(wait(), executor._event_loop()).result()
-        except Exception as exc:  # noqa: BLE001 - any handler exception is its failure
+            result = asyncio.run_coroutine_threadsafe(_contained(wait()),
+                                                      executor._event_loop()).result()
+        except BaseException as exc:  # noqa: BLE001 - any handler exception is its failure
             return _failed(exc, start)
         return Outcome("ok", None, time.monotonic() - start, result)
     return None
 
 
+class _Escaped(Exception):
+    """A handler's SystemExit or KeyboardInterrupt on its way out of the event loop."""
+
+
+async def _contained(coro: Any) -> Any:
+    """Awaits a handler's coroutine. asyncio lets SystemExit and KeyboardInterrupt out of a
+    task to stop its loop, which would leave every later async handler waiting on a dead
+    loop; a handler's are its failure, so they travel as a plain exception."""
+    try:
+        return await coro
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _Escaped() from exc
+
+
 def _failed(exc: BaseException, start: float) -> Outcome:
+    if isinstance(exc, _Escaped) and exc.__cause__ is not None:
+        exc = exc.__cause__
     return Outcome("error", describe(exc), time.monotonic() - start, exc=exc)

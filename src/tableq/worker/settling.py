@@ -28,28 +28,29 @@ from tableq.worker.retry import decide
 from tableq.worker.spec import HandlerSpec
 
 P = TypeVar("P")
+# The level of a handler's own settlement, as when the worker settles the same way.
+_LEVEL = {events.RETRIED: logging.WARNING, events.DEAD_LETTERED: logging.ERROR}
 
 
 class Tracker:
     """Stands in for the Queue inside a handler's Message (a message.Settler), to notice
     when the handler settles the message itself (ack, nack, forward, dead_letter), so the
-    worker does not."""
+    worker does not. `settled` is what the handler did, as the event it is logged and
+    counted as (None: nothing yet)."""
 
     def __init__(self, queue: Queue) -> None:
         self._queue = queue
-        self.settled = False
+        self.settled: str | None = None
 
     def ack(self, msg: Message) -> None:
-        if msg.lease is None:  # at_most_once: already removed, nothing to ack
-            self.settled = True
-            return
-        self._queue.ack(msg)
-        self.settled = True
+        if msg.lease is not None:  # at_most_once: already removed, nothing to ack
+            self._queue.ack(msg)
+        self.settled = events.ACKED
 
     def nack(self, msg: Message, *, delay: float | timedelta | None = None,
              error: str | None = None) -> None:
         self._queue.nack(msg, delay=delay, error=error)
-        self.settled = True
+        self.settled = events.RETRIED
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
                   progress: Any = None) -> Message[P]:
@@ -57,7 +58,7 @@ class Tracker:
 
     def dead_letter(self, msg: Message, error: str) -> None:
         self._queue.dead_letter(msg, error)
-        self.settled = True
+        self.settled = events.DEAD_LETTERED
 
     def forward(self, msg: Message, topic: str, payload: Any, *, key: str | None = None,
                 kind: str | None = None, headers: Mapping[str, str] | None = None,
@@ -71,7 +72,7 @@ class Tracker:
             result = self._queue.forward(msg, topic, payload, key=key, kind=kind,
                                          headers=headers, priority=priority, delay=delay,
                                          at=at, on_duplicate=on_duplicate)
-        self.settled = True
+        self.settled = events.ACKED
         return result
 
 
@@ -157,9 +158,15 @@ class Settling:
                         rolled_back=True)
             return
         if outcome.ok and (tracker.settled or spec.mode == "exactly_once"):
+            # Acked by the worker's transaction, or settled by the handler (in exactly_once
+            # mode through that transaction, which reports how as its value).
+            how = tracker.settled or (outcome.value if isinstance(outcome.value, str)
+                                      else events.ACKED)
             self.unhold(msg)
-            self.count("acked")
-            events.emit(events.ACKED, **fields, duration_s=round(outcome.duration_s, 4))
+            self.count(how)
+            events.emit(how, _LEVEL.get(how, logging.INFO), **fields,
+                        duration_s=round(outcome.duration_s, 4),
+                        settled_by=None if how == events.ACKED else "handler")
             return
         if tracker.settled and not outcome.ok:
             # The handler settled the message itself, then raised: its settlement stands.

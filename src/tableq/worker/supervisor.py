@@ -172,7 +172,7 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
                     continue
                 children[i] = None
                 if stopping.is_set() or (burst and code == 0):
-                    worst = max(worst, abs(code))
+                    worst = max(worst, exit_status(code, stopped=stopping.is_set()))
                     continue
                 fast = now - started[i] < 5.0 and code != EXIT_RESTART
                 fails[i] = fails[i] + 1 if fast else 0
@@ -183,7 +183,7 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
                     for other in children:
                         if other is not None:
                             other.signal(signal.SIGTERM)
-                    worst = max(worst, abs(code) or 1)
+                    worst = max(worst, exit_status(code, stopped=False) or 1)
                     continue
                 delay = min(RESTART_DELAY_MAX_S, 0.5 * 2 ** fails[i]) if fails[i] else 0.0
                 events.emit("child_exited", 30, pid=c.pid, code=code, restart_in_s=delay)
@@ -192,6 +192,14 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
                     stopping.is_set() or all(r is None for r in restart_at)):
                 return worst
             time.sleep(0.1)
+
+
+def exit_status(code: int, *, stopped: bool) -> int:
+    """A child's exit code as the supervisor's: a child ended by the SIGTERM of a stop
+    (`stopped`) did as asked (0); one killed by a signal otherwise failed (1)."""
+    if code < 0:
+        return 0 if stopped and code == -signal.SIGTERM else 1
+    return code
 
 
 class _NoSignals:
