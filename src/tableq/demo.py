@@ -176,6 +176,21 @@ def archive_and_report(spark: Any, url: str, out: str) -> None:
     console.print(f"HTML report with charts: {os.path.abspath(rep.html_path or html)}")
 
 
+def not_for_demo(q: tableq.Queue) -> str | None:
+    """Why the database behind `q` must not run the demo, or None. The demo purges topic
+    `jobs` and moves every done and dead message to Parquet: a database that holds any of
+    those is someone's data, not the demo's."""
+    held = [f"{s.topic!r} ({s.live:,} live, {s.dead:,} dead, {s.done:,} done)"
+            for s in q.stats(exact=True)
+            if (s.topic == TOPIC and s.live) or s.dead or s.done]
+    if not held:
+        return None
+    return (f"refusing to run on {redact(q.where)}: the demo purges topic {TOPIC!r} and moves "
+            f"every done and dead message to Parquet, and this database holds "
+            f"{', '.join(held[:5])}{' ...' if len(held) > 5 else ''}. Point --url at an empty "
+            "database or schema (on PostgreSQL e.g. ?schema=tableq_demo)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -195,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     # Data in markup is escaped, and the URL shown without its password.
     console.print(f"[bold]tableq demo[/bold]: {args.jobs:,} jobs on {escape(redact(url))}")
     with tableq.connect(url, migrate=True, retention=True) as q:
+        why = None if args.url is None else not_for_demo(q)
+        if why is not None:
+            parser.exit(2, f"tableq demo: {why}\n")
         q.purge(TOPIC)
         q.purge_dead(TOPIC)
         spark = None if args.no_spark else start_spark(args.master)

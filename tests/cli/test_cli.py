@@ -221,8 +221,60 @@ def test_demo_uses_the_global_url(db_url, tmp_path):
         assert (s.live, s.dead) == (0, 0)
 
 
+def test_demo_never_purges_a_users_queue(db_url, tmp_path):
+    """The demo purges topic jobs and archives every done and dead message: $TABLEQ_URL is
+    never its database, and a --url that holds such messages is refused."""
+    with tableq.connect(db_url, migrate=True) as q:
+        q.send("jobs", {"mine": 1})
+        q.send("other", 1)
+        q.dead_letter(q.receive("other")[0], "kept")
+    r = tq(None, "demo", "--no-spark", "--jobs", "20", "--url", db_url,
+           "--out", str(tmp_path / "d1"), cwd=tmp_path)
+    assert r.returncode == 2 and "refusing" in r.stderr and "'jobs'" in r.stderr, r.stderr
+    r = tq(None, "demo", "--no-spark", "--jobs", "20", "--out", str(tmp_path / "d2"),
+           env={"TABLEQ_URL": db_url}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "d2" / "tableq.db").exists()  # a fresh SQLite file, not $TABLEQ_URL
+    with tableq.connect(db_url) as q:
+        assert (q.stats("jobs")[0].ready, q.stats("other")[0].dead) == (1, 1)
+
+
 def test_demo_refuses_to_empty_a_directory_it_did_not_write(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
     r = tq(None, "demo", "--no-spark", "--jobs", "10", "--out", str(tmp_path))
     assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_a_pipeline_runs_on_the_url_given_not_on_tableq_url(monkeypatch, tmp_path):
+    """`tableq --url X pipeline ...` runs on X although $TABLEQ_URL is set (the pipeline's
+    own --url used to read $TABLEQ_URL and so always won). The Spark job itself is replaced
+    by a recorder: what is checked is which URL the command hands it."""
+    from click.testing import CliRunner
+
+    import tableq.cli.pipeline as pipeline_cli
+    import tableq.spark.pipelines.load as load_module
+    from tableq.cli import cli
+
+    seen: list[str] = []
+
+    class Loaded:
+        rows, seconds, job = 0, 1.0, "j"
+
+    def record(spark, url, *args, **kwargs):
+        seen.append(url)
+        return Loaded()
+
+    monkeypatch.setattr(pipeline_cli, "_session", lambda master, app: None)
+    monkeypatch.setattr(load_module, "load_file", record)
+    env = {"TABLEQ_URL": f"sqlite:///{tmp_path}/env.db"}
+    given = f"sqlite:///{tmp_path}/given.db"
+    runner = CliRunner()
+    for args, expected in [
+        (["--url", given, "pipeline", "load", "rows.jsonl", "--topic", "t"], given),
+        (["pipeline", "load", "rows.jsonl", "--topic", "t", "--url", given], given),
+        (["pipeline", "load", "rows.jsonl", "--topic", "t"], env["TABLEQ_URL"]),
+    ]:
+        r = runner.invoke(cli, args, env=env)
+        assert r.exit_code == 0, r.output
+        assert seen.pop() == expected, args

@@ -34,8 +34,10 @@ def _session(master: str | None, app: str) -> Any:
 
 def common(fn: Any) -> Any:
     fn = click.option("--master", default=None, help=MASTER_HELP)(fn)
-    fn = click.option("--url", envvar="TABLEQ_URL", default=None,
-                      help="Queue database URL (default: the tableq --url).")(fn)
+    # No envvar here: $TABLEQ_URL reaches the group's --url, so that `tableq --url X pipeline`
+    # wins over it, as everywhere else.
+    fn = click.option("--url", default=None,
+                      help="Queue database URL (default: the tableq --url, or $TABLEQ_URL).")(fn)
     return fn
 
 
