@@ -1068,3 +1068,135 @@ def test_sends_without_options_validate_like_any_send(q: tableq.Queue) -> None:
     assert [m.payload for m in q.receive(topics[-1])] == [{"topic": topics[-1]}]
     (first,) = q.receive("plain", max=10)
     assert first.payload == {"n": 1} and first.priority == 0 and first.kind is None
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_a_send_many_that_fails_halfway_on_the_callers_connection_leaves_nothing(
+    db_url: str, autocommit: bool
+) -> None:
+    """A batch whose second key is taken, with on_duplicate="error", on the application's
+    own connection: none of it stays in the caller's transaction, which goes on (SQLite and
+    MariaDB inserted row by row and kept the first). On an autocommit connection the batch
+    is all or nothing too."""
+    with tableq.connect(db_url, migrate=True) as q:
+        q.send("outbox", "taken", key="k2")
+        conn = driver_connection(db_url)
+        if autocommit:
+            if q.dialect == "sqlite":
+                conn.isolation_level = None
+            elif q.dialect == "postgres":
+                conn.autocommit = True
+            else:
+                conn.autocommit(True)
+        try:
+            batch = [{"payload": i, "key": f"k{i}"} for i in (1, 2, 3)]
+            with pytest.raises(DuplicateMessage):
+                q.send_many("outbox", batch, on_duplicate="error", connection=conn)
+            q.send_many("outbox", [{"payload": 4, "key": "k4"}, {"payload": 5, "key": "k5"}],
+                        connection=conn)
+            if not autocommit:
+                conn.commit()
+        finally:
+            conn.close()
+        assert sorted(m.key for m in q.peek("outbox", 10)) == ["k2", "k4", "k5"]
+
+
+def test_a_transactions_messages_settle_in_it_while_it_runs(q: tableq.Queue) -> None:
+    """nack, heartbeat and dead_letter of a message received in a transaction go through
+    that transaction, as ack does (they went around it: a false LeaseLost on PostgreSQL, a
+    wait on the transaction's own lock elsewhere), and roll back with it."""
+    q.send_many("txm", [1, 2, 3])
+    with q.transaction() as tx:
+        a, b, c = tx.receive("txm", max=3, visibility_timeout=30)
+        b2 = b.heartbeat(extend=600)
+        assert b2.lease_expires_at is not None and a.lease_expires_at is not None
+        assert b2.lease_expires_at > a.lease_expires_at
+        a.nack(delay=300, error="later")
+        c.dead_letter("poison")
+    st = q.stats("txm")[0]
+    assert (st.scheduled, st.in_flight, st.dead) == (1, 1, 1)
+    (held,) = [m for m in q.peek("txm", 10) if m.id == b.id]
+    assert held.available_at > q.now() + timedelta(seconds=500)
+    q.send("txr", 1)
+    with pytest.raises(RuntimeError), q.transaction() as tx:
+        (m,) = tx.receive("txr")
+        m.dead_letter("rolled back")
+        raise RuntimeError("the block fails")
+    st = q.stats("txr")[0]
+    assert (st.ready, st.dead) == (1, 0)
+
+
+def test_a_transaction_is_closed_after_its_block(q: tableq.Queue) -> None:
+    """After the block its connection serves others: tx refuses, and a message received in
+    it settles through the Queue (an ack used to run on the pooled connection, inside
+    whatever transaction it served next, and could be rolled back with it)."""
+    q.send_many("late", [1, 2])
+    with q.transaction() as tx:
+        first, second = tx.receive("late", max=2)
+    assert not tx.open
+    for call in (lambda: tx.send("late", 3), lambda: tx.ack(first),
+                 lambda: tx.receive("late"), lambda: tx.connection):
+        with pytest.raises(InvalidArgument, match="block has ended"):
+            call()
+    first.ack()
+    second.nack(delay=300)
+    st = q.stats("late")[0]
+    assert (st.live, st.scheduled) == (1, 1)
+
+
+def test_a_stale_delivery_beside_the_live_one_is_told_apart(q: tableq.Queue) -> None:
+    """ack_many / heartbeat_many given the same message twice, under an old lease and the
+    live one: only the live delivery counts (results were matched by id alone)."""
+    q.send("dup", 1)
+    (stale,) = q.receive("dup", visibility_timeout=0.1)
+    (live,) = wait_until(lambda: q.receive("dup", visibility_timeout=60), timeout=5)
+    held = q.heartbeat_many([stale, live], extend=60)
+    assert [(m.id, m.lease) for m in held] == [(live.id, live.lease)]
+    with pytest.raises(LeaseLost) as err:
+        q.ack_many([live, stale])
+    assert err.value.message_ids == [stale.id]
+    assert q.stats("dup")[0].live == 0
+
+
+def test_send_many_refuses_a_string_or_a_dict_as_its_items(q: tableq.Queue) -> None:
+    for items in ("abc", b"abc", {"payload": 1}):
+        with pytest.raises(InvalidArgument, match="send_many takes a list"):
+            q.send_many("items", items)  # type: ignore[arg-type]
+    assert q.stats("items")[0].live == 0
+
+
+def test_settling_on_something_that_is_not_a_connection_is_refused(q: tableq.Queue) -> None:
+    q.send("conn", 1)
+    (m,) = q.receive("conn")
+    for call in (lambda: q.ack(m, connection=object()),
+                 lambda: q.ack_many([m], connection="nope"),
+                 lambda: q.nack(m, connection=5),
+                 lambda: q.heartbeat(m, connection=5),
+                 lambda: q.dead_letter(m, "x", connection=[])):
+        with pytest.raises(InvalidArgument, match="connection= must be"):
+            call()
+    assert q.stats("conn")[0].in_flight == 1
+
+
+@pytest.mark.parametrize("fresh_url", ["mysql"], indirect=True)
+def test_a_duplicate_on_a_found_rows_connection_is_a_duplicate(fresh_url: str) -> None:
+    """MariaDB: a caller's PyMySQL connection with CLIENT.FOUND_ROWS (SQLAlchemy sets it)
+    counts a duplicate key as one row, like an insert; the status still says duplicate."""
+    db_url = fresh_url
+    import pymysql
+    from pymysql.constants import CLIENT
+
+    u = tableq.url.parse_url(db_url)
+    with tableq.connect(db_url, migrate=True) as q:
+        conn = pymysql.connect(host=u.host, port=u.port or 3306, user=u.user or "root",
+                               password=u.password or "", database=u.database,
+                               client_flag=CLIENT.FOUND_ROWS)
+        try:
+            first = q.send("fr", 1, key="k", connection=conn)
+            again = q.send("fr", 2, key="k", connection=conn)
+            same = q.send("fr", 1, key="k", on_duplicate="replace", connection=conn)
+            conn.commit()
+        finally:
+            conn.close()
+        assert (first.status, again.status, same.status) == ("sent", "duplicate", "replaced")
+        assert first.id == again.id == same.id

@@ -63,8 +63,6 @@ DIALECT_ONLY = {
         "message_insert_one_ignore", "message_insert_one_replace",
         # and the commonest single send, unkeyed and due now: a plain VALUES row
         "message_insert_due",
-        # savepoints keep a caller's transaction usable after a refused duplicate
-        "savepoint_set", "savepoint_release", "savepoint_rollback",
         # COPY bulk loads under load parts, async commit, NOTIFY wake-ups
         "message_copy", "message_copy_due", "stage_copy", "stage_async_commit",
         # send_many's unkeyed batches by COPY, with their ids taken from the sequence first

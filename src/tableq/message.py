@@ -109,25 +109,34 @@ class Message(Generic[P]):
                 "the Queue that received it")
         return self._queue
 
+    def _tx(self) -> Transaction | None:
+        """The transaction this message settles in: the one it was received in, while its
+        block runs. After the block the lease has committed (or rolled back with it), so the
+        message settles through its Queue like any other."""
+        tx = self._transaction
+        return tx if tx is not None and tx.open else None
+
     def ack(self) -> None:
-        if self._transaction is not None:
-            self._transaction.ack(self)
+        if (tx := self._tx()) is not None:
+            tx.ack(self)
         else:
             self._owner().ack(self)
 
     def nack(self, delay: float | timedelta | None = None, error: str | None = None) -> None:
-        if self._transaction is not None:
-            self._transaction.nack(self, delay=delay, error=error)
+        if (tx := self._tx()) is not None:
+            tx.nack(self, delay=delay, error=error)
         else:
             self._owner().nack(self, delay=delay, error=error)
 
     def heartbeat(self, extend: float | timedelta | None = None,
                   progress: Any = None) -> Message[P]:
+        if (tx := self._tx()) is not None:
+            return tx.heartbeat(self, extend=extend, progress=progress)
         return self._owner().heartbeat(self, extend=extend, progress=progress)
 
     def dead_letter(self, error: str) -> None:
-        if self._transaction is not None:
-            self._transaction.dead_letter(self, error)
+        if (tx := self._tx()) is not None:
+            tx.dead_letter(self, error)
         else:
             self._owner().dead_letter(self, error)
 
@@ -137,11 +146,10 @@ class Message(Generic[P]):
                 at: datetime | None = None, on_duplicate: OnDuplicate = "ignore") -> SendResult:
         """Send the next step and ack this message in one transaction. The options are
         Queue.send's."""
-        if self._transaction is not None:
-            result = self._transaction.send(topic, payload, key=key, kind=kind,
-                                            headers=headers, priority=priority, delay=delay,
-                                            at=at, on_duplicate=on_duplicate)
-            self._transaction.ack(self)
+        if (tx := self._tx()) is not None:
+            result = tx.send(topic, payload, key=key, kind=kind, headers=headers,
+                             priority=priority, delay=delay, at=at, on_duplicate=on_duplicate)
+            tx.ack(self)
             return result
         return self._owner().forward(self, topic, payload, key=key, kind=kind, headers=headers,
                                      priority=priority, delay=delay, at=at,

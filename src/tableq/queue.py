@@ -50,6 +50,7 @@ ID_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
 PLAIN_TEMPLATES_MAX = 1024  # topics whose no-option send template a Queue keeps
 P = TypeVar("P")
+M = TypeVar("M", bound=Message)
 
 
 class Listener(Protocol):
@@ -333,6 +334,11 @@ class Queue:
         if on_duplicate not in ON_DUPLICATE:
             raise InvalidArgument(f"on_duplicate must be one of {ON_DUPLICATE}, "
                                   f"not {on_duplicate!r}")
+        self._check_connection(connection)
+
+    def _check_connection(self, connection: Any) -> None:
+        """A caller's connection= (the outbox, exactly-once acks) must be this database
+        driver's: anything else gets InvalidArgument, not a driver error halfway."""
         if connection is not None:
             self._backend.check_connection(connection)
 
@@ -382,6 +388,11 @@ class Queue:
         is a payload, or a dict with "payload" and any of key, kind, headers, priority, delay,
         at (which override the call's defaults). All are validated before anything is sent."""
         check_topic(topic)
+        if isinstance(items, (str, bytes, bytearray, Mapping)):
+            # Iterable, but surely not a list of payloads: characters, bytes or dict keys
+            # would each become a message.
+            raise InvalidArgument(f"send_many takes a list (or other iterable) of payloads, "
+                                  f"not a {type(items).__name__}; send one message with send()")
         self._check_send(on_duplicate, connection)
         batch = self._batch(topic, items, kind, headers, priority, delay, at)
         if isinstance(batch, PayloadBatch):  # bare payloads have no key: nothing to collapse
@@ -593,6 +604,10 @@ class Queue:
         refs = [self._leased(m, "ack") for m in msgs]
         if not refs:
             return
+        self._check_connection(connection)
+        if len({i for i, _ in refs}) < len(refs):
+            self._ack_runs(msgs, connection)
+            return
         done = self._backend.message_ack(refs, self.retention, connection)
         lost = [m for m in msgs if m.id not in done]
         if lost and self.retention and connection is None:
@@ -600,6 +615,19 @@ class Queue:
             # same lease: that is "already acked", not a lost lease.
             kept = self._backend.done_match([(m.id, m.lease) for m in lost if m.lease])
             lost = [m for m in lost if m.id not in kept]
+        if lost:
+            raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
+
+    def _ack_runs(self, msgs: Sequence[Message], connection: Any) -> None:
+        """ack_many of a list that holds one message twice (say a stale delivery beside the
+        live one): a statement matches (id, lease) pairs but reports ids, so each run of
+        distinct ids is acked on its own, and only the delivery that held the lease counts."""
+        lost: list[Message] = []
+        for run in _distinct_runs(msgs):
+            try:
+                self.ack_many(run, connection=connection)
+            except LeaseLost as exc:
+                lost.extend(m for m in run if m.id in exc.message_ids)
         if lost:
             raise LeaseLost(lost[0].topic, lost[0].id, "ack", [m.id for m in lost])
 
@@ -618,6 +646,7 @@ class Queue:
     def _release(self, msg: Message, delay: Any, error: str | None, *, penalty: bool,
                  action: str, connection: Any = None) -> None:
         msg_id, lease = self._leased(msg, action)
+        self._check_connection(connection)
         if error is not None:
             error = error_text(error)
         if not self._backend.message_release(msg_id, lease, seconds("delay", delay, 0.0), error,
@@ -625,18 +654,19 @@ class Queue:
             raise LeaseLost(msg.topic, msg.id, action)
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
-                  progress: Any = None) -> Message[P]:
+                  progress: Any = None, connection: Any = None) -> Message[P]:
         """Extends the lease to `extend` seconds from now (default: the visibility timeout)
         and optionally saves `progress` (JSON) on the row. Returns the message with its new
-        lease expiry."""
+        lease expiry. With connection=, in the caller's transaction on it."""
         msg_id, lease = self._leased(msg, "heartbeat")
+        self._check_connection(connection)
         extend_s = seconds("extend", extend, self.visibility_timeout_s)
         progress_json = None
         if progress is not None:
             progress_json = self._kinds.encode(None, progress, self.max_payload_bytes).json_text
             if progress_json is None:
                 raise InvalidArgument("progress must be JSON-serialisable, not bytes")
-        until = self._backend.message_extend(msg_id, lease, extend_s, progress_json)
+        until = self._backend.message_extend(msg_id, lease, extend_s, progress_json, connection)
         if until is None:
             raise LeaseLost(msg.topic, msg.id, "heartbeat")
         return _replace(msg, available_at=until,
@@ -650,6 +680,9 @@ class Queue:
         refs = [self._leased(m, "heartbeat") for m in msgs]
         if not refs:
             return []
+        if len({i for i, _ in refs}) < len(refs):  # one message twice: see _ack_runs
+            return [m for run in _distinct_runs(msgs)
+                    for m in self.heartbeat_many(run, extend=extend)]
         until = self._backend.message_extend_many(refs, seconds("extend", extend,
                                                        self.visibility_timeout_s))
         return [_replace(m, available_at=until[m.id]) for m in msgs if m.id in until]
@@ -657,6 +690,7 @@ class Queue:
     def dead_letter(self, msg: Message, error: str, *, connection: Any = None) -> None:
         """Moves the message to the dead-letter store with `error`, if the lease still holds."""
         msg_id, lease = self._leased(msg, "dead-letter")
+        self._check_connection(connection)
         if not self._backend.message_dead_letter(msg_id, lease, error_text(error), connection):
             raise LeaseLost(msg.topic, msg.id, "dead-letter")
 
@@ -680,7 +714,11 @@ class Queue:
         tx.connection goes back to tableq's pool after the block: session settings you
         change on it are yours to undo (SET LOCAL on PostgreSQL; docs/worker.md)."""
         with self._backend.transaction() as conn:
-            yield Transaction(self, conn)
+            tx = Transaction(self, conn)
+            try:
+                yield tx
+            finally:
+                tx._end()  # the connection goes back to the pool: nothing more through tx
 
     # --- looking and housekeeping -------------------------------------------------------------
 
@@ -796,3 +834,16 @@ def _dead(r: Row) -> DeadLetter:
 
 def _replace(msg: Message[P], **changes: Any) -> Message[P]:
     return dataclasses.replace(msg, **changes)
+
+
+def _distinct_runs(msgs: Sequence[M]) -> list[list[M]]:
+    """msgs split into runs in which no message id repeats (the first delivery of each id in
+    the first run, a second one in the second, ...)."""
+    runs: list[list[M]] = []
+    seen: dict[int, int] = {}
+    for m in msgs:
+        k = seen[m.id] = seen.get(m.id, -1) + 1
+        if k == len(runs):
+            runs.append([])
+        runs[k].append(m)
+    return runs

@@ -278,7 +278,8 @@ class Backend(ABC):
         that dies before then (a killed worker) has charged nothing."""
     @abstractmethod
     def message_extend(
-        self, msg_id: int, lease: str, extend_s: float, progress_json: str | None
+        self, msg_id: int, lease: str, extend_s: float, progress_json: str | None,
+        conn: Any = None,
     ) -> datetime | None: ...
     @abstractmethod
     def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float

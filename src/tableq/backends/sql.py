@@ -302,7 +302,10 @@ class SqlBackend(Backend):
         alone, with its duplicate policy. Order is kept."""
         if isinstance(rows, PayloadBatch):
             batch = rows
-            return self.run(lambda cur: [(i, "sent") for i in self._insert_batch(cur, batch)],
+
+            def payloads(cur: Cursor) -> list[tuple[int, str]]:
+                return [(i, "sent") for i in self._insert_batch(cur, batch)]
+            return self.run(self._whole(payloads, conn) if len(batch) > 1 else payloads,
                             conn, tx=len(batch) > 1)
         if len(rows) == 1 and rows[0].key is None:
             # One unkeyed row is one INSERT, which commits on its own: no transaction around it.
@@ -326,7 +329,48 @@ class SqlBackend(Backend):
                 out.append(self._insert_keyed(cur, m, on_duplicate))
             flush()
             return out
-        return self.run(run, conn, tx=len(rows) > 1)
+        return self.run(self._whole(run, conn) if len(rows) > 1 else run, conn,
+                        tx=len(rows) > 1)
+
+    def _whole(self, fn: Callable[[Cursor], T], conn: Any) -> Callable[[Cursor], T]:
+        """fn, a send of several statements, as one unit on a caller's connection (as it
+        is on tableq's own, in run()'s transaction): in a savepoint inside the caller's open
+        transaction, so that a duplicate key halfway leaves none of it there; in a
+        transaction of its own, committed, when the connection commits every statement
+        (autocommit); and in one left open for the caller to commit when the driver would
+        have begun one at the first INSERT anyway."""
+        if conn is None:
+            return fn
+
+        def whole(cur: Cursor) -> T:
+            if self._in_transaction(conn):
+                self._exec(cur, self.Q.savepoint_set)
+                try:
+                    out = fn(cur)
+                except BaseException:
+                    self._exec(cur, self.Q.savepoint_rollback)
+                    raise
+                self._exec(cur, self.Q.savepoint_release)
+                return out
+            autocommit = self._autocommits(conn)
+            self._begin(conn)
+            try:
+                out = fn(cur)
+            except BaseException:
+                self._rollback(conn)
+                raise
+            if autocommit:
+                self._commit(conn)
+            return out
+        return whole
+
+    def _in_transaction(self, conn: Any) -> bool:
+        """Whether the caller's connection has a transaction open."""
+        raise NotImplementedError
+
+    def _autocommits(self, conn: Any) -> bool:
+        """Whether the caller's connection commits each statement by itself."""
+        raise NotImplementedError
 
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         raise NotImplementedError
@@ -399,10 +443,10 @@ class SqlBackend(Backend):
         return released > 0
 
     def message_extend(self, msg_id: int, lease: str, extend_s: float,
-               progress_json: str | None) -> datetime | None:
+               progress_json: str | None, conn: Any = None) -> datetime | None:
         params = {"id": msg_id, "lease": lease, "progress": progress_json,
                   **self._span("extend", extend_s)}
-        found = self.run(lambda cur: self._one(cur, self.Q.message_extend, params))
+        found = self.run(lambda cur: self._one(cur, self.Q.message_extend, params), conn)
         return self._to_time(found["available_at"]) if found else None
 
     def _ref_parts(self, refs: Sequence[R]) -> Iterator[Sequence[R]]:

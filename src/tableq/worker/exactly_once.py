@@ -42,6 +42,13 @@ class TrackedTransaction(Transaction):
         super().nack(msg, delay=delay, error=error)
         self.settled[msg.id] = events.RETRIED
 
+    def heartbeat(self, msg: Message, *, extend: float | timedelta | None = None,
+                  progress: Any = None) -> Message:
+        # The message was leased before this transaction began, so its lease is extended
+        # on a connection of its own, as the worker's heartbeats are: through this one the
+        # row would stay locked until the commit, and they would wait for it.
+        return self._queue.heartbeat(msg, extend=extend, progress=progress)
+
     def dead_letter(self, msg: Message, error: str) -> None:
         self._before_settle(msg)
         super().dead_letter(msg, error)
@@ -64,17 +71,22 @@ def exactly_once_body(queue: Queue, executor: Executor, fn: Callable[[Message], 
         try:
             with queue.transaction() as tx:
                 ttx = TrackedTransaction(queue, tx.connection, before_settle)
-                inner = executor.run(fn, dataclasses.replace(msg, _transaction=ttx), None)
-                if not inner.ok:
-                    failed.append(inner)
-                    # Re-raised as it is, so the transaction's end can tell a handler that
-                    # failed on its own from one whose connection died under it.
-                    raise inner.exc if inner.exc is not None else _Rollback(inner)
-                if msg.id not in ttx.settled:
-                    # Fenced by the lease: if it was lost, LeaseLost rolls back the
-                    # handler's writes together with this ack.
-                    ttx.ack(msg)
-                committed = Outcome("ok", None, inner.duration_s, ttx.settled[msg.id])
+                try:
+                    inner = executor.run(fn, dataclasses.replace(msg, _transaction=ttx), None)
+                    if not inner.ok:
+                        failed.append(inner)
+                        # Re-raised as it is, so the transaction's end can tell a handler
+                        # that failed on its own from one whose connection died under it.
+                        raise inner.exc if inner.exc is not None else _Rollback(inner)
+                    if msg.id not in ttx.settled:
+                        # Fenced by the lease: if it was lost, LeaseLost rolls back the
+                        # handler's writes together with this ack.
+                        ttx.ack(msg)
+                    committed = Outcome("ok", None, inner.duration_s, ttx.settled[msg.id])
+                finally:
+                    # A handler thread that outlived its timeout must not reach the
+                    # connection once it is back in the pool.
+                    ttx._end()
             return committed
         except _Rollback as rb:
             return rb.outcome

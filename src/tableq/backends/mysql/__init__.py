@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 import pymysql
-from pymysql.constants import FIELD_TYPE
+from pymysql.constants import CLIENT, FIELD_TYPE, SERVER_STATUS
 from pymysql.converters import conversions, convert_datetime, escape_string
 from pymysql.cursors import DictCursor
 
@@ -253,6 +253,12 @@ class MySQLBackend(SqlBackend):
     def _rollback(self, conn: Any) -> None:
         conn.rollback()
 
+    def _in_transaction(self, conn: Any) -> bool:
+        return bool(conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS)
+
+    def _autocommits(self, conn: Any) -> bool:
+        return bool(conn.get_autocommit())
+
     def _restore(self, conn: Any) -> None:
         conn.cursorclass = DictCursor
         conn.autocommit(True)  # no round trip when it is on: a single statement commits
@@ -353,9 +359,17 @@ class MySQLBackend(SqlBackend):
             return cur.lastrowid, "sent"
         query = (self.Q.message_insert_replace if on_duplicate == "replace"
                  else self.Q.message_insert_ignore)
+        kept = "replaced" if on_duplicate == "replace" else "duplicate"
+        if cur.connection.client_flag & CLIENT.FOUND_ROWS:
+            # A caller's connection that counts found rows, not changed ones (SQLAlchemy's
+            # PyMySQL default): a duplicate counts 1 like an insert, so look first (a
+            # duplicate committed between the two statements is reported as sent).
+            existing = self._one(cur, self.Q.message_find_key, params)
+            self._exec(cur, query, params)
+            return cur.lastrowid, "sent" if existing is None else kept
         if self._exec(cur, query, params) == 1:
             return cur.lastrowid, "sent"
-        return cur.lastrowid, "replaced" if on_duplicate == "replace" else "duplicate"
+        return cur.lastrowid, kept
 
     # --- receiving ------------------------------------------------------------------------
 
@@ -453,7 +467,7 @@ class MySQLBackend(SqlBackend):
         return self.run(run, tx=True)
 
     def message_extend(self, msg_id: int, lease: str, extend_s: float,
-               progress_json: str | None) -> datetime | None:
+               progress_json: str | None, conn: Any = None) -> datetime | None:
         params = {"id": msg_id, "lease": lease, "progress": progress_json,
                   **self._span("extend", extend_s)}
 
@@ -461,7 +475,7 @@ class MySQLBackend(SqlBackend):
             self._exec(cur, self.Q.message_extend, params)
             found = self._one(cur, self.Q.message_lease_until, params)
             return self._to_time(found["available_at"]) if found else None
-        return self.run(run, tx=True)
+        return self.run(run, conn, tx=True)
 
     def message_extend_many(self, refs: Sequence[tuple[int, str]], extend_s: float
                     ) -> dict[int, datetime]:

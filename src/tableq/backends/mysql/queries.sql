@@ -22,6 +22,17 @@ SET SESSION group_concat_max_len = 4294967295;
 -- back after this many seconds, releasing its row locks.
 SET SESSION idle_transaction_timeout = %(seconds)s;
 
+-- name: savepoint_set :exec
+-- A send of several statements on a caller's connection, inside the caller's transaction:
+-- all of it or none of it stays there (SqlBackend._whole).
+SAVEPOINT tableq_send;
+
+-- name: savepoint_rollback :exec
+ROLLBACK TO SAVEPOINT tableq_send;
+
+-- name: savepoint_release :exec
+RELEASE SAVEPOINT tableq_send;
+
 -- name: migration_lock :one
 -- Migrators in other processes wait here (DDL cannot be rolled back in MySQL).
 SELECT GET_LOCK(CONCAT('tableq.migrate.', DATABASE(), '.', %(prefix)s), %(wait_s)s) AS got;

@@ -187,6 +187,13 @@ class SQLiteBackend(SqlBackend):
         if conn.in_transaction:
             conn.execute(self.Q.tx_rollback)
 
+    def _in_transaction(self, conn: Any) -> bool:
+        return bool(conn.in_transaction)
+
+    def _autocommits(self, conn: Any) -> bool:
+        # Python 3.12's autocommit=True, or the legacy mode's isolation_level None.
+        return getattr(conn, "autocommit", None) is True or conn.isolation_level is None
+
     def _restore(self, conn: Any) -> None:
         conn.row_factory, conn.text_factory = sqlite3.Row, str
         if conn.isolation_level is not None:  # the driver's implicit BEGINs: tableq's own

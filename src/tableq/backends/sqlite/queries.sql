@@ -36,6 +36,17 @@ COMMIT;
 -- name: tx_rollback :exec
 ROLLBACK;
 
+-- name: savepoint_set :exec
+-- A send of several statements on a caller's connection, inside the caller's transaction:
+-- all of it or none of it stays there (SqlBackend._whole).
+SAVEPOINT tableq_send;
+
+-- name: savepoint_rollback :exec
+ROLLBACK TO SAVEPOINT tableq_send;
+
+-- name: savepoint_release :exec
+RELEASE SAVEPOINT tableq_send;
+
 -- name: migration_create :exec
 CREATE TABLE IF NOT EXISTS {p}migration (
     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL
