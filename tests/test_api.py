@@ -1200,3 +1200,21 @@ def test_a_duplicate_on_a_found_rows_connection_is_a_duplicate(fresh_url: str) -
             conn.close()
         assert (first.status, again.status, same.status) == ("sent", "duplicate", "replaced")
         assert first.id == again.id == same.id
+
+
+@pytest.mark.parametrize("fresh_url", ["mysql"], indirect=True)
+def test_a_payload_beyond_the_servers_packet_is_refused_before_it_is_sent(
+    fresh_url: str,
+) -> None:
+    """MariaDB drops the connection of a statement beyond its max_allowed_packet, which read
+    as "cannot reach the queue database" (and was retried). A payload that cannot fit is
+    refused first, naming the server's setting."""
+    with tableq.connect(fresh_url, migrate=True, max_payload_bytes=64 << 20) as q:
+        limit = q._backend.packet_limit  # type: ignore[attr-defined]
+        big = "x" * limit
+        with pytest.raises(PayloadTooLarge, match="max_allowed_packet"):
+            q.send("big", big)
+        with pytest.raises(PayloadTooLarge, match="max_allowed_packet"):
+            q.send_many("big", ["small", big])
+        q.send("big", "x" * (limit // 2))  # fits in one statement
+        assert q.stats("big")[0].live == 1

@@ -70,11 +70,12 @@ class PayloadError(TableqError, ValueError):
 
 
 class PayloadTooLarge(PayloadError):
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int,
+                 raise_what: str = "max_payload_bytes in tableq.connect()") -> None:
         self.size, self.limit = size, limit
         super().__init__(
             f"payload is {size} bytes, over the limit of {limit} bytes; store large data "
-            "elsewhere and send a reference, or raise max_payload_bytes in tableq.connect()"
+            f"elsewhere and send a reference, or raise {raise_what}"
         )
 
 

@@ -723,7 +723,8 @@ class Queue:
     # --- looking and housekeeping -------------------------------------------------------------
 
     def peek(self, topic: str, limit: int = 10) -> list[Message]:
-        """Live messages in delivery order, without leasing them."""
+        """Live messages (ready, scheduled and in flight) by priority, then due time, then
+        id, without leasing them: the order receives take the due ones in."""
         check_topic(topic)
         rows = self._backend.message_peek(topic, _positive_int("limit", limit, RECEIVE_MAX_LIMIT))
         return [self._message({**r, "lease": None}) for r in rows]

@@ -328,7 +328,7 @@ def give_back(queue: Queue, msgs: list[Message]) -> None:
 
 
 @router.get("/topics/{topic:path}/messages", response_model=m.MessagesOut, responses=ERRORS_TOPIC,
-            summary="Peek at live messages in delivery order (no lease)")
+            summary="Peek at live messages by priority, then due time (no lease)")
 def peek(request: Request, topic: TopicPath, p: Caller,
          limit: Annotated[int, Query(ge=1, le=1000)] = 10) -> Any:
     require(p, "view", topic)

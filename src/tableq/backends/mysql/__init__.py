@@ -26,6 +26,7 @@ from tableq.backends.base import (
     ClaimSpec,
     GroupLease,
     NewMessage,
+    PayloadBatch,
     Row,
     TransientError,
     UniqueViolation,
@@ -37,7 +38,7 @@ from tableq.backends.base import (
 )
 from tableq.backends.mysql.errors import map_errors
 from tableq.backends.sql import Cursor, Params, SqlBackend, duplicate_from
-from tableq.errors import DatabaseTimeout, UnsupportedDatabase
+from tableq.errors import DatabaseTimeout, PayloadTooLarge, UnsupportedDatabase
 from tableq.url import DatabaseURL
 
 T = TypeVar("T")
@@ -46,6 +47,7 @@ BATCH_ROWS = 1000  # rows (or (id, lease) pairs) per batch statement
 # wire (a control character escaped as \u001f; UTF-8 takes at most 4), so a statement stays
 # within MariaDB's default 16 MiB max_allowed_packet.
 STATEMENT_CHARS = 2 * 1024 * 1024
+PACKET_OVERHEAD = 64 * 1024  # the statement around one payload, and the packet's header
 MIGRATION_LOCK_WAIT_S = 60
 # Every "now" in queries.sql, and what a test clock reads instead (chosen once, at load).
 CLOCK = ("UTC_TIMESTAMP(6)", "(SELECT clock FROM {p}test_clock)")
@@ -183,6 +185,7 @@ class MySQLBackend(SqlBackend):
         self.transaction_idle_s = max(1, int(transaction_idle_timeout_s))
         self.migration_lock_wait_s = MIGRATION_LOCK_WAIT_S
         self.mariadb: bool | None = None
+        self.packet_limit: int | None = None  # the server's max_allowed_packet
         self.consecutive_ids = True
         self.id_step = 1
         self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
@@ -219,6 +222,7 @@ class MySQLBackend(SqlBackend):
         # Mode 2 ("interleaved") may hand a multi-row INSERT non-consecutive ids.
         self.consecutive_ids = int(row["autoinc_lock_mode"]) <= 1
         self.id_step = int(row["id_step"])  # auto_increment_increment: > 1 on some clusters
+        self.packet_limit = int(row["packet_limit"])
         self.mariadb = mariadb
 
     def _attempt(self, fn: Callable[[Cursor], T], *, tx: bool, write: bool) -> T:
@@ -331,6 +335,33 @@ class MySQLBackend(SqlBackend):
         return {m.version for m in load_migrations(__package__, "{p}", self.prefix)}
 
     # --- sending --------------------------------------------------------------------------
+
+    def message_insert(self, rows: Sequence[NewMessage] | PayloadBatch, on_duplicate: str,
+                       conn: Any = None) -> list[tuple[int, str]]:
+        self._fit_packet(rows)
+        return super().message_insert(rows, on_duplicate, conn)
+
+    def _fit_packet(self, rows: Sequence[NewMessage] | PayloadBatch) -> None:
+        """A payload beyond the server's max_allowed_packet: the server would drop the
+        connection (read as "cannot reach the database", and retried), so it is refused
+        before it is sent. A statement is cut to fit the packet (STATEMENT_CHARS), but one
+        payload cannot be."""
+        limit = self.packet_limit
+        if limit is None:
+            return
+        room = limit - PACKET_OVERHEAD
+        pairs = (rows.payloads if isinstance(rows, PayloadBatch)
+                 else [(m.json_text, m.data) for m in rows])
+        for text, data in pairs:
+            if text is None:
+                size = len(data or b"")
+            elif len(text) * 4 <= room:  # a character is at most 4 bytes: surely fits
+                continue
+            else:
+                size = len(text.encode("utf-8", "surrogatepass"))
+            if size > room:
+                raise PayloadTooLarge(size, room, "the server's max_allowed_packet (SET "
+                                      "GLOBAL max_allowed_packet = ...)")
 
     def _insert_plain(self, cur: Cursor, rows: Sequence[NewMessage]) -> list[int]:
         ids: list[int] = []

@@ -5,7 +5,7 @@
 
 -- name: server_version :one
 SELECT VERSION() AS version, @@innodb_autoinc_lock_mode AS autoinc_lock_mode,
-       @@auto_increment_increment AS id_step;
+       @@auto_increment_increment AS id_step, @@global.max_allowed_packet AS packet_limit;
 
 -- name: session_time_zone :exec
 SET time_zone = '+00:00';
