@@ -88,6 +88,9 @@ def test_dead_letters_list_requeue_purge(db_url):
     assert "broken 1" in tq(db_url, "dead", "list", "jobs").stdout
     r = tq(db_url, "dead", "requeue", "jobs", "--id", str(ids[0]))
     assert r.returncode == 0 and "requeued 1" in r.stdout
+    # Already requeued: said, and exit 1 (it printed "requeued 0" and exited 0).
+    r = tq(db_url, "dead", "requeue", "jobs", "--id", str(ids[0]))
+    assert r.returncode == 1 and "requeued 0" in r.stdout and "1 of the ids" in r.stderr
     r = tq(db_url, "dead", "purge", "jobs", "--id", str(ids[1]))
     assert "purged 1" in r.stdout
     r = tq(db_url, "dead", "purge", "jobs", "--yes")
@@ -278,3 +281,24 @@ def test_a_pipeline_runs_on_the_url_given_not_on_tableq_url(monkeypatch, tmp_pat
         r = runner.invoke(cli, args, env=env)
         assert r.exit_code == 0, r.output
         assert seen.pop() == expected, args
+
+
+def test_no_at_a_confirmation_changes_nothing_and_exits_1(db_url):
+    """Answered at a terminal (a pty here): "n" is not an interrupt (it exited 130)."""
+    with tableq.connect(db_url, migrate=True) as q:
+        q.send("kept", 1)
+    leader, follower = os.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "TABLEQ_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(SRC_DIR)])
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "tableq.cli", "--url", db_url, "purge",
+                                 "kept"], stdin=follower, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, text=True)
+        os.write(leader, b"n\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert proc.returncode == 1 and "Nothing was changed" in err, (out, err)
+    with tableq.connect(db_url) as q:
+        assert q.stats("kept")[0].ready == 1

@@ -168,7 +168,9 @@ def confirm(what: str, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         raise click.UsageError(f"refusing to {what} without confirmation; add --yes")
-    click.confirm(f"{what}?", abort=True)
+    if not click.confirm(f"{what}?"):  # a "no" is not an interrupt (130): nothing done, 1
+        click.echo("Nothing was changed.", err=True)
+        raise click.exceptions.Exit(1)
 
 
 @click.command()
