@@ -1218,3 +1218,28 @@ def test_a_payload_beyond_the_servers_packet_is_refused_before_it_is_sent(
             q.send_many("big", ["small", big])
         q.send("big", "x" * (limit // 2))  # fits in one statement
         assert q.stats("big")[0].live == 1
+
+
+@pytest.mark.parametrize("fresh_url", ["sqlite"], indirect=True)
+def test_a_write_beside_an_open_transaction_on_sqlite_is_refused_at_once(
+    fresh_url: str,
+) -> None:
+    """SQLite: the block holds the one write lock, so a send, receive or second block on
+    another connection from the same thread waited for it 3 x 10 s, then failed with
+    'database is locked'. Now it is refused at once, saying what to do; reads still work."""
+    import time
+
+    with tableq.connect(fresh_url, migrate=True) as q:
+        q.send("t", 1)
+        started = time.monotonic()
+        with q.transaction() as tx:
+            for call in (lambda: q.send("t", 2), lambda: q.send_many("t", [3, 4]),
+                         lambda: q.receive("t"), lambda: q.transaction().__enter__()):
+                with pytest.raises(InvalidArgument, match="one write lock"):
+                    call()
+            assert q.stats("t")[0].ready == 1  # reads do not wait for the lock
+            tx.send("t", 5)
+        assert time.monotonic() - started < 5
+        assert q.stats("t")[0].ready == 2
+        q.send("t", 6)  # after the block, as before
+        assert q.stats("t")[0].ready == 3

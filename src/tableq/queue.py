@@ -186,6 +186,11 @@ class Queue:
         return self._backend.dialect
 
     @property
+    def _one_writer(self) -> bool:
+        """Whether one transaction writes at a time (SQLite)."""
+        return self._backend.single_writer
+
+    @property
     def _claims_run_concurrently(self) -> bool:
         """Whether two receives can claim at the same time (not on SQLite, whose writers
         take turns): the worker fetches ahead only where they can."""

@@ -309,6 +309,8 @@ class SqlBackend(Backend):
                             conn, tx=len(batch) > 1)
         if len(rows) == 1 and rows[0].key is None:
             # One unkeyed row is one INSERT, which commits on its own: no transaction around it.
+            if conn is None:
+                self._before_lone_write()
             return self.run(lambda cur: [(self._insert_plain(cur, rows)[0], "sent")], conn,
                             write=False)
 
@@ -331,6 +333,9 @@ class SqlBackend(Backend):
             return out
         return self.run(self._whole(run, conn) if len(rows) > 1 else run, conn,
                         tx=len(rows) > 1)
+
+    def _before_lone_write(self) -> None:
+        """Called before a write that runs as one statement of its own (no write=True)."""
 
     def _whole(self, fn: Callable[[Cursor], T], conn: Any) -> Callable[[Cursor], T]:
         """fn, a send of several statements, as one unit on a caller's connection (as it

@@ -46,7 +46,10 @@ class TrackedTransaction(Transaction):
                   progress: Any = None) -> Message:
         # The message was leased before this transaction began, so its lease is extended
         # on a connection of its own, as the worker's heartbeats are: through this one the
-        # row would stay locked until the commit, and they would wait for it.
+        # row would stay locked until the commit, and they would wait for it. Not on
+        # SQLite, whose one write lock this transaction holds: there only it can write.
+        if self._queue._one_writer:
+            return super().heartbeat(msg, extend=extend, progress=progress)
         return self._queue.heartbeat(msg, extend=extend, progress=progress)
 
     def dead_letter(self, msg: Message, error: str) -> None:

@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -135,6 +136,7 @@ class SQLiteBackend(SqlBackend):
                               clock=CLOCK if self.test_clock else None)
         self._migrations = load_migrations(__package__, "{p}", url.namespace)
         self.pool = Pool(self._connect, lambda c: c.close())
+        self._held = threading.local()  # .depth: this thread's open transaction() blocks
 
     def listener(self, topics: Collection[str] | None = None) -> SQLiteListener:
         return SQLiteListener(self)
@@ -157,9 +159,35 @@ class SQLiteBackend(SqlBackend):
                 return conn
         return retrying(open_, attempts=SQLITE_RETRIES)
 
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        self._refuse_while_held("open another queue.transaction()")
+        self._held.depth = 1
+        try:
+            with super().transaction() as conn:
+                yield conn
+        finally:
+            self._held.depth = 0
+
+    def _refuse_while_held(self, action: str) -> None:
+        """SQLite has one write lock, and this thread's open transaction() holds it: a write
+        on another connection would wait for the block to end, which cannot happen while the
+        block waits for it (busy_timeout, three times, then a 'database is locked')."""
+        if getattr(self._held, "depth", 0):
+            raise InvalidArgument(
+                f"cannot {action} inside a queue.transaction() block on SQLite: the block "
+                "holds the database's one write lock, so this would wait for the block to "
+                "end. Use the block's own calls (tx.send, tx.ack, message.nack(), ...) or "
+                "do it after the block")
+
+    def _before_lone_write(self) -> None:
+        self._refuse_while_held("send on another connection")
+
     def _attempt(self, fn: Callable[[Cursor], T], *, tx: bool, write: bool) -> T:
         """A write always runs in BEGIN IMMEDIATE; a read in a read transaction when tx
         (several statements that must see one state), else statement by statement."""
+        if write:
+            self._refuse_while_held("write on another connection")
         with self.pool.connection() as c, self.map_errors():
             if not (tx or write):
                 return fn(c)
