@@ -1075,25 +1075,46 @@ def test_a_send_many_that_fails_halfway_on_the_callers_connection_leaves_nothing
     db_url: str, autocommit: bool
 ) -> None:
     """A batch whose second key is taken, with on_duplicate="error", on the application's
-    own connection: none of it stays in the caller's transaction, which goes on (SQLite and
-    MariaDB inserted row by row and kept the first). On an autocommit connection the batch
-    is all or nothing too."""
+    own connection: none of it stays in the caller's transaction (SQLite and MariaDB
+    inserted row by row and kept the first), and the caller's own work in that transaction
+    is neither lost nor committed by it (it wrote through a statement that returns rows,
+    after which PyMySQL does not know a transaction is open). On an autocommit connection
+    the batch is all or nothing too."""
     with tableq.connect(db_url, migrate=True) as q:
         q.send("outbox", "taken", key="k2")
         conn = driver_connection(db_url)
-        if autocommit:
-            if q.dialect == "sqlite":
-                conn.isolation_level = None
-            elif q.dialect == "postgres":
-                conn.autocommit = True
-            else:
-                conn.autocommit(True)
+        temp = "TEMPORARY" if q.dialect == "mysql" else "TEMP"
+        cur = conn.cursor()
+        cur.execute(f"CREATE {temp} TABLE caller_orders (n INT)")
+        conn.commit()
+
+        def orders() -> int:
+            cur.execute("SELECT count(*) FROM caller_orders")
+            return int(cur.fetchone()[0])
+
+        batch = [{"payload": i, "key": f"k{i}"} for i in (1, 2, 3)]
         try:
-            batch = [{"payload": i, "key": f"k{i}"} for i in (1, 2, 3)]
+            if autocommit:
+                if q.dialect == "sqlite":
+                    conn.isolation_level = None
+                elif q.dialect == "postgres":
+                    conn.autocommit = True
+                else:
+                    conn.autocommit(True)
+            else:
+                cur.execute("INSERT INTO caller_orders (n) VALUES (7) RETURNING n")
+                cur.fetchall()
             with pytest.raises(DuplicateMessage):
                 q.send_many("outbox", batch, on_duplicate="error", connection=conn)
+            if not autocommit:
+                assert orders() == 1
+                conn.rollback()  # the caller's work goes, and nothing of the batch stays
+                assert orders() == 0
+                assert sorted(m.key for m in q.peek("outbox", 10)) == ["k2"]
+                with pytest.raises(DuplicateMessage):
+                    q.send_many("outbox", batch, on_duplicate="error", connection=conn)
             q.send_many("outbox", [{"payload": 4, "key": "k4"}, {"payload": 5, "key": "k5"}],
-                        connection=conn)
+                        on_duplicate="error", connection=conn)
             if not autocommit:
                 conn.commit()
         finally:

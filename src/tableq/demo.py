@@ -188,7 +188,8 @@ def not_for_demo(q: tableq.Queue) -> str | None:
     return (f"refusing to run on {redact(q.where)}: the demo purges topic {TOPIC!r} and moves "
             f"every done and dead message to Parquet, and this database holds "
             f"{', '.join(held[:5])}{' ...' if len(held) > 5 else ''}. Point --url at an empty "
-            "database or schema (on PostgreSQL e.g. ?schema=tableq_demo)")
+            "database or schema (on PostgreSQL e.g. ?schema=tableq_demo), or, if these are an "
+            "earlier demo's, empty them (tableq purge jobs, tableq dead purge TOPIC)")
 
 
 def main(argv: list[str] | None = None) -> None:

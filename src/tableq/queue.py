@@ -610,7 +610,7 @@ class Queue:
         if not refs:
             return
         self._check_connection(connection)
-        if len({i for i, _ in refs}) < len(refs):
+        if len(refs) > 1 and len({i for i, _ in refs}) < len(refs):
             self._ack_runs(msgs, connection)
             return
         done = self._backend.message_ack(refs, self.retention, connection)
@@ -685,7 +685,7 @@ class Queue:
         refs = [self._leased(m, "heartbeat") for m in msgs]
         if not refs:
             return []
-        if len({i for i, _ in refs}) < len(refs):  # one message twice: see _ack_runs
+        if len(refs) > 1 and len({i for i, _ in refs}) < len(refs):  # see _ack_runs
             return [m for run in _distinct_runs(msgs)
                     for m in self.heartbeat_many(run, extend=extend)]
         until = self._backend.message_extend_many(refs, seconds("extend", extend,

@@ -428,3 +428,15 @@ def test_at_with_any_utc_offset(server: Server, admin: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     m = server.queue.get(r.json()["id"])
     assert m is not None and m.first_available_at.isoformat() == "2022-07-21T11:00:02+00:00"
+
+
+def test_give_back_releases_what_no_client_will_see(server: Server) -> None:
+    """What a long poll leased for a client that left goes back at once, its attempt
+    given back (the poll's last check, between the receive and the answer)."""
+    from tableq.server.api import give_back
+
+    q = server.queue
+    q.send_many("gb", [1, 2])
+    give_back(q, q.receive("gb", max=2, visibility_timeout=300))
+    assert q.stats("gb")[0].ready == 2
+    assert [m.attempts for m in q.receive("gb", max=2)] == [1, 1]

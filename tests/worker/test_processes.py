@@ -222,6 +222,6 @@ def test_a_child_stopped_by_the_supervisors_sigterm_ended_as_asked():
     from tableq.worker.supervisor import exit_status
 
     assert exit_status(-signal.SIGTERM, stopped=True) == 0
-    assert exit_status(-signal.SIGTERM, stopped=False) == 1
-    assert exit_status(-signal.SIGKILL, stopped=True) == 1
+    assert exit_status(-signal.SIGTERM, stopped=False) == 128 + signal.SIGTERM
+    assert exit_status(-signal.SIGKILL, stopped=True) == 137
     assert (exit_status(0, stopped=True), exit_status(3, stopped=False)) == (0, 3)

@@ -303,9 +303,7 @@ class SqlBackend(Backend):
         if isinstance(rows, PayloadBatch):
             batch = rows
 
-            def payloads(cur: Cursor) -> list[tuple[int, str]]:
-                return [(i, "sent") for i in self._insert_batch(cur, batch)]
-            return self.run(self._whole(payloads, conn) if len(batch) > 1 else payloads,
+            return self.run(lambda cur: [(i, "sent") for i in self._insert_batch(cur, batch)],
                             conn, tx=len(batch) > 1)
         if len(rows) == 1 and rows[0].key is None:
             # One unkeyed row is one INSERT, which commits on its own: no transaction around it.
@@ -331,7 +329,11 @@ class SqlBackend(Backend):
                 out.append(self._insert_keyed(cur, m, on_duplicate))
             flush()
             return out
-        return self.run(self._whole(run, conn) if len(rows) > 1 else run, conn,
+        # A caller who catches DuplicateMessage goes on with its transaction: a batch that
+        # may fail on a key halfway must leave none of its rows there.
+        refusable = (conn is not None and on_duplicate == "error" and len(rows) > 1
+                     and any(m.key is not None for m in rows))
+        return self.run(self._whole(run, conn) if refusable else run, conn,
                         tx=len(rows) > 1)
 
     def _before_lone_write(self) -> None:
@@ -340,34 +342,40 @@ class SqlBackend(Backend):
     def _whole(self, fn: Callable[[Cursor], T], conn: Any) -> Callable[[Cursor], T]:
         """fn, a send of several statements, as one unit on a caller's connection (as it
         is on tableq's own, in run()'s transaction): in a savepoint inside the caller's open
-        transaction, so that a duplicate key halfway leaves none of it there; in a
-        transaction of its own, committed, when the connection commits every statement
-        (autocommit); and in one left open for the caller to commit when the driver would
-        have begun one at the first INSERT anyway."""
-        if conn is None:
-            return fn
-
+        transaction; else in a transaction of its own, committed when the connection
+        commits every statement by itself (autocommit), left open for the caller when its
+        driver would have begun one at the first INSERT anyway (sqlite3's legacy mode, where
+        a SAVEPOINT would begin one that its RELEASE commits)."""
         def whole(cur: Cursor) -> T:
             if self._in_transaction(conn):
-                self._exec(cur, self.Q.savepoint_set)
-                try:
-                    out = fn(cur)
-                except BaseException:
-                    self._exec(cur, self.Q.savepoint_rollback)
-                    raise
-                self._exec(cur, self.Q.savepoint_release)
-                return out
-            autocommit = self._autocommits(conn)
+                with self._savepoint(cur):
+                    return fn(cur)
             self._begin(conn)
             try:
                 out = fn(cur)
-            except BaseException:
-                self._rollback(conn)
+            except Exception:
+                with suppress(Exception):  # the first error is the one to report
+                    self._rollback(conn)
                 raise
-            if autocommit:
+            if self._autocommits(conn):
                 self._commit(conn)
             return out
         return whole
+
+    @contextmanager
+    def _savepoint(self, cur: Cursor) -> Iterator[None]:
+        """The statements of the block undone together if it fails, inside the caller's
+        transaction, which stays usable. If the failure already ended that transaction (a
+        deadlock on MariaDB, some errors on SQLite), the savepoint is gone with it: the
+        original error is the one raised."""
+        self._exec(cur, self.Q.savepoint_set)
+        try:
+            yield
+        except Exception:
+            with suppress(Exception):
+                self._exec(cur, self.Q.savepoint_rollback)
+            raise
+        self._exec(cur, self.Q.savepoint_release)
 
     def _in_transaction(self, conn: Any) -> bool:
         """Whether the caller's connection has a transaction open."""

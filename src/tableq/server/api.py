@@ -318,7 +318,12 @@ async def long_poll(request: Request, st: ServerState, topic: str, wait_s: float
 
 def give_back(queue: Queue, msgs: list[Message]) -> None:
     """Releases leased messages that no client will see (best effort: a lease already lost
-    needs nothing, and one that cannot be released comes back when it ends)."""
+    needs nothing, and one that cannot be released comes back when it ends). Messages
+    received at most once were deleted as they were taken: they are gone, and said so."""
+    gone = [m.id for m in msgs if m.lease is None]
+    if gone:
+        log.warning("tableq.server.at_most_once_undelivered topic=%s ids=%s", msgs[0].topic,
+                    ",".join(map(str, gone)))
     for msg in msgs:
         if msg.lease is not None:
             try:

@@ -14,6 +14,10 @@ from urllib.parse import quote
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 MAX_SKEW_S = 15 * 60  # what AWS allows between the signer's clock and the service's
+# Headers that change what a request does or when it was made: signed whenever present.
+# Other x-amz-* headers may be added on the way (a CDN's X-Amz-Cf-Id, say).
+MEANING_HEADERS = ("x-amz-target", "x-amz-date", "x-amz-security-token",
+                   "x-amz-content-sha256")
 _AUTH = re.compile(
     r"^AWS4-HMAC-SHA256\s+Credential=(?P<cred>[^,\s]+),\s*SignedHeaders=(?P<signed>[^,\s]+),"
     r"\s*Signature=(?P<sig>[0-9a-f]{64})\s*$")
@@ -109,12 +113,12 @@ def verify(cred: Credential, secret: str, *, method: str, path: str, query: str,
         raise SignatureError("InvalidClientTokenId",
                              f"the credential is scoped to service {cred.service!r}, not "
                              f"{service!r}")
-    unsigned = sorted(h for h in headers if h.startswith("x-amz-")
+    unsigned = sorted(h for h in MEANING_HEADERS if h in headers
                       and h not in cred.signed_headers)
     if unsigned:  # else a captured request could be replayed as another action
         raise SignatureError("IncompleteSignature",
-                             f"every x-amz-* header must be signed, and {', '.join(unsigned)} "
-                             "is not; list it in SignedHeaders (SDKs do so themselves)")
+                             f"{', '.join(unsigned)} must be signed (it says what the request "
+                             "does); list it in SignedHeaders (SDKs do so themselves)")
     stamp, at = request_time(headers)
     if stamp[:8] != cred.date:
         raise SignatureError("SignatureDoesNotMatch",

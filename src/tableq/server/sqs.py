@@ -51,7 +51,8 @@ HANDLE_PREFIX = "tq1:"
 # (we keep String and Number: Binary attributes are not supported).
 SQS_TEXT = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
 SQS_CHARSET = "#x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF"
-ATTRIBUTE_NAME = re.compile(r"(?!AWS\.|Amazon\.|\.)(?!.*\.\.)[A-Za-z0-9_.-]{1,256}(?<!\.)")
+ATTRIBUTE_NAME = re.compile(
+    r"(?!(?i:aws\.|amazon\.)|\.)(?!.*\.\.)[A-Za-z0-9_.-]{1,256}(?<!\.)")
 DATA_TYPE = re.compile(r"(?:String|Number)(?:\.[A-Za-z0-9_.-]{1,249})?")
 # Our code -> (AWS query-compatible code, HTTP status): what botocore reports as the code.
 _AWS = {
@@ -463,7 +464,8 @@ def send_message_batch(st: ServerState, request: Request, p: Principal,
             if status_of(exc) >= 500:
                 raise
             # An entry the library refuses (the queue's own payload limit, ...): nothing was
-            # sent, so each entry is sent alone and fails alone, as in SQS.
+            # sent, so each entry is sent alone and fails alone, as in SQS; from here even a
+            # database failure is one entry's, so that the answer says which were sent.
             results = [_send_alone(st, topic, item) for item in items]
         for (entry_id, entry), result in zip(good, results, strict=True):
             if isinstance(result, Exception):
@@ -481,8 +483,6 @@ def _send_alone(st: ServerState, topic: str, item: dict[str, Any]) -> SendResult
     try:
         return st.queue.send(topic, **item)
     except TableqError as exc:
-        if status_of(exc) >= 500:
-            raise
         return exc
 
 

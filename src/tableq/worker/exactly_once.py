@@ -87,8 +87,9 @@ def exactly_once_body(queue: Queue, executor: Executor, fn: Callable[[Message], 
                         ttx.ack(msg)
                     committed = Outcome("ok", None, inner.duration_s, ttx.settled[msg.id])
                 finally:
-                    # A handler thread that outlived its timeout must not reach the
-                    # connection once it is back in the pool.
+                    # The handler has returned; a reference to its transaction it kept, or
+                    # gave another thread, must not reach the connection once it is back
+                    # in the pool.
                     ttx._end()
             return committed
         except _Rollback as rb:

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,15 +85,15 @@ class Executor:
             import asyncio
 
             fut = asyncio.run_coroutine_threadsafe(_contained(fn(arg)), self._event_loop())
+            # Timed out only if it has not finished: a TimeoutError the handler raised
+            # itself (asyncio.wait_for, a socket) is its own failure.
+            if not wait([fut], timeout_s).done:
+                fut.cancel()
+                return Outcome("timeout", f"timed out after {timeout_s} s (cancelled)",
+                               time.monotonic() - start)
             try:
-                value = fut.result(timeout=timeout_s)
+                value = fut.result()
             except BaseException as exc:  # noqa: BLE001 - the handler's failure, whatever it is
-                # Timed out only if the handler is still running: a TimeoutError it raised
-                # itself (asyncio.wait_for, a socket) is its own failure.
-                if not fut.done():
-                    fut.cancel()
-                    return Outcome("timeout", f"timed out after {timeout_s} s (cancelled)",
-                                   time.monotonic() - start)
                 return _failed(exc, start)
             return Outcome("ok", None, time.monotonic() - start, value)
         if timeout_s is None:
@@ -113,13 +113,12 @@ class Executor:
                 box.set_exception(exc)
 
         threading.Thread(target=call, name="tableq-handler", daemon=True).start()
+        if not wait([box], timeout_s).done:
+            return Outcome("timeout", f"timed out after {timeout_s} s (the handler thread "
+                           "still runs; its result will be ignored)", time.monotonic() - start)
         try:
-            value = box.result(timeout=timeout_s)
+            value = box.result()
         except BaseException as exc:  # noqa: BLE001 - SystemExit too: the handler's failure
-            if not box.done():
-                return Outcome("timeout", f"timed out after {timeout_s} s (the handler thread "
-                               "still runs; its result will be ignored)",
-                               time.monotonic() - start)
             return _failed(exc, start)
         return Outcome("ok", None, time.monotonic() - start, value)
 

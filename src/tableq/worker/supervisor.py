@@ -196,9 +196,10 @@ def supervise(start: Callable[[int], Child], count: int, *, burst: bool = False,
 
 def exit_status(code: int, *, stopped: bool) -> int:
     """A child's exit code as the supervisor's: a child ended by the SIGTERM of a stop
-    (`stopped`) did as asked (0); one killed by a signal otherwise failed (1)."""
+    (`stopped`) did as asked (0); one killed by another signal, as a shell says it
+    (128 + the signal: 137 for a kill -9 or the OOM killer)."""
     if code < 0:
-        return 0 if stopped and code == -signal.SIGTERM else 1
+        return 0 if stopped and code == -signal.SIGTERM else 128 - code
     return code
 
 

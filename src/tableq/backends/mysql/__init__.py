@@ -258,7 +258,12 @@ class MySQLBackend(SqlBackend):
         conn.rollback()
 
     def _in_transaction(self, conn: Any) -> bool:
-        return bool(conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS)
+        # With autocommit off a transaction is always open, though the status may not say
+        # so yet (PyMySQL does not read it from a result set's end), and a BEGIN would
+        # commit the caller's work so far. With autocommit on, one is open only after an
+        # explicit BEGIN, whose OK packet PyMySQL reads the status from.
+        return (not conn.get_autocommit()
+                or bool(conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS))
 
     def _autocommits(self, conn: Any) -> bool:
         return bool(conn.get_autocommit())

@@ -434,7 +434,7 @@ class PostgresBackend(SqlBackend):
             for _ in range(5):  # a duplicate that vanished before we could read it: insert again
                 batch = [rows[i] for i in pending]
                 try:
-                    with self.map_errors(), self._savepoint(cur, conn, on_duplicate):
+                    with self.map_errors(), self._send_savepoint(cur, conn, on_duplicate):
                         params = _scalars(batch[0]) if len(batch) == 1 else _arrays(batch)
                         got = cur.execute(one if len(batch) == 1 else query, params).fetchall()
                 except UniqueViolation:
@@ -468,7 +468,7 @@ class PostgresBackend(SqlBackend):
         return self.run(run, conn)
 
     @contextmanager
-    def _savepoint(self, cur: psycopg.Cursor[Any], conn: Any, on_duplicate: str
+    def _send_savepoint(self, cur: psycopg.Cursor[Any], conn: Any, on_duplicate: str
                    ) -> Iterator[None]:
         """In the caller's transaction a failed statement would abort all of it, so a send
         that may conflict runs in a savepoint and the transaction stays usable."""
@@ -477,13 +477,8 @@ class PostgresBackend(SqlBackend):
         if own_statement or on_duplicate != "error":
             yield
             return
-        cur.execute(self.Q.savepoint_set)  # psycopg opens the caller's transaction if needed
-        try:
+        with self._savepoint(cur):  # psycopg opens the caller's transaction if needed
             yield
-        except BaseException:
-            cur.execute(self.Q.savepoint_rollback)
-            raise
-        cur.execute(self.Q.savepoint_release)
 
     def _duplicate(self, cur: psycopg.Cursor[Any], batch: Sequence[NewMessage]
                    ) -> DuplicateMessage:
