@@ -302,7 +302,6 @@ class SqlBackend(Backend):
         alone, with its duplicate policy. Order is kept."""
         if isinstance(rows, PayloadBatch):
             batch = rows
-
             return self.run(lambda cur: [(i, "sent") for i in self._insert_batch(cur, batch)],
                             conn, tx=len(batch) > 1)
         if len(rows) == 1 and rows[0].key is None:

@@ -160,7 +160,7 @@ class Settling:
         if outcome.ok and (tracker.settled or spec.mode == "exactly_once"):
             # Acked by the worker's transaction, or settled by the handler (in exactly_once
             # mode through that transaction, which reports how as its value).
-            how = tracker.settled or (outcome.value if isinstance(outcome.value, str)
+            how = tracker.settled or (outcome.value if outcome.value in _LEVEL
                                       else events.ACKED)
             self.unhold(msg)
             self.count(how)
