@@ -43,9 +43,10 @@ def requeue(topic: str, ids: tuple[int, ...]) -> None:
     """Put dead letters back on TOPIC as fresh messages (attempts reset)."""
     n = _q().requeue_dead(topic, list(ids) if ids else None)
     output.show(f"requeued {n} dead letter(s) on {output.clean(topic)}")
-    if ids and n < len(set(ids)):
+    stayed = len(set(ids)) - n
+    if ids and stayed > 0:
         # Said on stderr: nothing failed, but some ids were not there to requeue.
-        click.echo(f"{len(set(ids)) - n} of the ids given stayed: not dead letters of "
+        click.echo(f"{stayed} of the ids given stayed: not dead letters of "
                    f"{output.clean(topic)}, or a live message has the same key (see `tableq "
                    "dead list`)", err=True)
 

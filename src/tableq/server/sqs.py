@@ -15,7 +15,7 @@ import logging
 import re
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
@@ -241,11 +241,11 @@ def _number(text: str) -> bool:
         return False
 
 
-def _types(msg: Message) -> dict[str, str]:
+def _types(headers: Mapping[str, str]) -> dict[str, str]:
     """The SQS data types kept with a message's headers. Headers are written by /v1 clients
     too, so a value that is not ours reads as "every attribute is a String"."""
     try:
-        types = json.loads(msg.headers.get(TYPES_HEADER, "{}"))
+        types = json.loads(headers.get(TYPES_HEADER, "{}"))
     except ValueError:
         return {}
     if not isinstance(types, dict):
@@ -253,12 +253,14 @@ def _types(msg: Message) -> dict[str, str]:
     return {k: v for k, v in types.items() if isinstance(v, str) and DATA_TYPE.fullmatch(v)}
 
 
-def _attributes(msg: Message, wanted: list[str]) -> dict[str, dict[str, str]]:
+def _attributes(headers: Mapping[str, str], wanted: list[str]
+                ) -> dict[str, dict[str, str]]:
+    """MessageAttributes from a message's headers (those in `wanted`, or "All")."""
     if not wanted:
         return {}
-    types = _types(msg)
+    types = _types(headers)
     return {name: {"DataType": types.get(name, "String"), "StringValue": value}
-            for name, value in msg.headers.items()
+            for name, value in headers.items()
             if name != TYPES_HEADER and ("All" in wanted or ".*" in wanted or name in wanted)}
 
 
@@ -403,10 +405,7 @@ def _message(topic: str, entry: dict[str, Any]) -> dict[str, Any]:
 def _sent(entry: dict[str, Any], msg_id: int) -> dict[str, Any]:
     out = {"MessageId": str(msg_id), "MD5OfMessageBody": md5_hex(entry["payload"])}
     if entry["headers"]:
-        attrs = {k: {"DataType": json.loads(entry["headers"].get(TYPES_HEADER, "{}"))
-                     .get(k, "String"), "StringValue": v}
-                 for k, v in entry["headers"].items() if k != TYPES_HEADER}
-        out["MD5OfMessageAttributes"] = attributes_md5(attrs)
+        out["MD5OfMessageAttributes"] = attributes_md5(_attributes(entry["headers"], ["All"]))
     return out
 
 
@@ -517,7 +516,7 @@ def _received(msgs: list[Message], wanted_attrs: list[str], system: set[str]
         body = body_text(m.payload)
         item: dict[str, Any] = {"MessageId": str(m.id), "ReceiptHandle": receipt_handle(m),
                                 "MD5OfBody": md5_hex(body), "Body": body}
-        attrs = _attributes(m, wanted_attrs)
+        attrs = _attributes(m.headers, wanted_attrs)
         if attrs:
             item["MessageAttributes"] = attrs
             item["MD5OfMessageAttributes"] = attributes_md5(attrs)
