@@ -192,6 +192,9 @@ def test_where_grammar() -> None:
     for bad in ({"$.a": 1}, {"a.b": 1}, {"a": {"b": 1}}, [("a", 1)]):
         with pytest.raises(ValueError):
             check_where(bad)
+    for name in ("key", "kind"):  # None would match every message: refused, not ignored
+        with pytest.raises(tableq.InvalidArgument, match=f"where\\['{name}'\\] is None"):
+            check_where({name: None, "user": 7})
 
 
 @pytest.mark.parametrize("url,dialect,db", [

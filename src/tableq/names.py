@@ -126,6 +126,13 @@ def check_where(where: object) -> dict[str, Any] | None:
     kind = key = None
     fields: dict[str, Any] = {}
     for name, value in where.items():
+        if name in ("kind", "key") and value is None:
+            # None is how a message says it has no kind or key, but as a filter it would
+            # select nothing in particular: every message would match, which is surely not
+            # what was meant.
+            raise InvalidArgument(
+                f"where[{name!r}] is None, which would match every message: give the {name} "
+                f"to select (a string), or leave {name!r} out of where")
         if name == "kind":
             kind = check_kind(value)
         elif name == "key":
