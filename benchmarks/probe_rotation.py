@@ -240,7 +240,7 @@ class Probe:
         split = " ".join(f"{k}={v:.1f}s" for k, v in self.spent.items())
         print(f"{self.db} {self.variant} held={held} rate={rate:,.0f}/s segments first/last/min "
               f"{rates[0]:,.0f}/{rates[-1]:,.0f}/{min(rates):,.0f} {footprint} "
-              f"truncates={self.truncates} {split}", flush=True)
+              f"truncates so far={self.truncates} {split}", flush=True)
         return rate
 
     def close(self) -> None:

@@ -259,20 +259,23 @@ def headline_markdown(run: dict[str, Any], chart: str = "benchmarks/results.png"
     if run.get("note"):
         lines += ["", f"Conditions: {run['note']}."]
     if later := _remeasured(run, "postgres"):
-        lines += ["", "Re-measured in later runs (this machine's speed differs from day to day: "
-                  "compare within a row): " + "; ".join(f"{', '.join(sorted(cases))} on {day}"
-                                                        for day, cases in later.items()) + "."]
+        lines += ["", "Rows re-measured in later runs (this machine's speed differs from day "
+                  "to day: compare within a row): " + "; ".join(
+                      f"{', '.join(sorted(cases))} on {day}" for day, cases in later.items())
+                  + "."]
     lines += ["", f"![tableq beside its peers]({chart})"]
     return "\n".join(lines)
 
 
 def _remeasured(run: dict[str, Any], db: str) -> dict[str, set[str]]:
-    """The scenarios of `db` that --update runs replaced, by the day of their latest run."""
+    """The headline's scenarios of `db` that --update runs replaced, by the day of their
+    latest run."""
+    shown = {r[0] for r in ROWS}
     latest: dict[str, str] = {}
     for update in run.get("updates", []):
         cases, _, rest = update.partition(" re-measured in a second run at ")
         for case in cases.split(", "):
-            if case.endswith(f" ({db})"):
+            if case.endswith(f" ({db})") and case.removesuffix(f" ({db})") in shown:
                 latest[case.removesuffix(f" ({db})")] = rest[:10]
     days: dict[str, set[str]] = {}
     for case, day in latest.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import pickle
 import re
 import sqlite3
 
@@ -287,6 +288,20 @@ def test_a_missing_sqlite_file_is_named_not_created(tmp_path: pathlib.Path) -> N
         assert not path.exists()
         assert q.migrate() and path.exists()
         assert q.send("t", 1).status == "sent"
+        # A file deleted under a running queue that migrated it is not made again, empty,
+        # by the queue's next new connection.
+        pool = q._backend.pool
+        held = pool.acquire()  # the idle connection: the next acquire() opens a new one
+        for name in ("typo.db", "typo.db-wal", "typo.db-shm"):
+            (tmp_path / name).unlink(missing_ok=True)
+        with pytest.raises(tableq.SchemaNotMigrated, match=re.escape(str(path))) as err:
+            pool.acquire()
+        assert not path.exists()
+        held.close()
+    # Pickled (Spark ships errors between processes), it keeps its message and its facts.
+    again = pickle.loads(pickle.dumps(err.value))
+    assert (str(again), again.where, again.no_file) == (str(err.value), err.value.where,
+                                                        str(path))
 
 
 def test_sqlite_v4_makes_the_key_index_partial_and_keeps_dedup(

@@ -33,6 +33,7 @@ from tableq.errors import (
     TableqError,
 )
 from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult, Settler
+from tableq.names import check_where
 from tableq.stats import TopicStats
 
 P = TypeVar("P")
@@ -435,7 +436,9 @@ class Client:
 
 
 def _where(where: Mapping[str, Any]) -> dict[str, Any]:
-    """The library's short filter form ({field: value, kind=, key=}) as the API's."""
+    """The library's short filter form ({field: value, kind=, key=}) as the API's, refused
+    here as the library refuses it (the API reads a null kind or key as not given)."""
+    check_where(where)
     out: dict[str, Any] = {}
     fields: dict[str, Any] = dict(where.get("payload") or {})
     for name, value in where.items():

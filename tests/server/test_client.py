@@ -52,6 +52,10 @@ def test_client_has_the_queue_methods(server: Server) -> None:
             c.ack(a)
         with pytest.raises(tableq.InvalidArgument):
             c.send("c/t", 1, priority=2**40)
+        c.send("c/t", 1, key="one")
+        with pytest.raises(tableq.InvalidArgument, match="would match every message"):
+            c.receive("c/t", where={"key": None})  # as Queue.receive refuses it
+        assert c.peek("c/t", 10)[0].attempts == 0  # nothing was leased
     with Client(server.url, server.token("producer", ["x"])) as p:
         with pytest.raises(tableq.PermissionDenied):
             p.send("c/t", 1)

@@ -138,18 +138,19 @@ class SQLiteBackend(SqlBackend):
         self._migrations = load_migrations(__package__, "{p}", url.namespace)
         self.pool = Pool(self._connect, lambda c: c.close())
         self._held = threading.local()  # .depth: this thread's open transaction() blocks
-        # Opening a missing file creates it: only migrate() may, so that a mistyped path is
-        # an error naming it, not a new empty database (and a queue nobody else uses).
-        self._may_create = False
 
     def migrate(self) -> list[int]:
-        self._may_create = True
+        if not os.path.exists(self.path):
+            with self.map_errors():
+                sqlite3.connect(self.path).close()  # the one place that makes a new file
         return super().migrate()
 
     def _must_exist(self) -> None:
-        if (not self._may_create and self.path not in ("", ":memory:")
-                and not os.path.exists(self.path)):
-            raise SchemaNotMigrated(self.where, no_file=self.path)
+        """Opening a missing file would create it: only migrate() does, so that a mistyped
+        path (or a file deleted under a running queue) is an error naming it, not a new
+        empty database that nobody else uses."""
+        if not os.path.exists(self.path):
+            raise SchemaNotMigrated(self.where, no_file=os.path.abspath(self.path))
 
     def listener(self, topics: Collection[str] | None = None) -> SQLiteListener:
         return SQLiteListener(self)
