@@ -28,6 +28,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from benchmarks import sys_raw
+from benchmarks.common import Target
+from benchmarks.scale import _hold
+
 SEGMENT = 20_000
 PAYLOAD = json.dumps({"n": 1, "body": "x" * 80})
 TABLES = ("tq_probe_a", "tq_probe_b")
@@ -38,7 +42,10 @@ class Probe:
     """One variant's tables, floors and time split on one database."""
 
     def __init__(self, db: str, address: str, variant: str, rotate_rows: int) -> None:
-        self.db, self.address, self.variant, self.rotate_rows = db, address, variant, rotate_rows
+        self.db, self.variant, self.rotate_rows = db, variant, rotate_rows
+        host, port = address.split(":")
+        user = "postgres" if db == "postgres" else "root"
+        self.target = Target(db, host, int(port), "test", user)
         self.tables = list(TABLES if variant == "rotate" else TABLES[:1])
         self.conn = self.connect()
         self.start: tuple[datetime, int] = (
@@ -53,23 +60,15 @@ class Probe:
 
     # --- per database ---------------------------------------------------------------------
 
-    def connect(self, autocommit: bool = True) -> Any:
-        host, port = self.address.split(":")
+    def connect(self) -> Any:
         if self.db == "postgres":
-            import psycopg
-
-            conn = psycopg.connect(f"postgresql://postgres@{host}:{port}/test",
-                                   autocommit=autocommit)
-            if autocommit:  # the churn's connection, not the held transaction's
-                # As tableq's sessions plan: the lease UPDATE joins its claim by id, never by
-                # a scan of the whole table (which a drained table's statistics invite).
-                for setting in ("enable_seqscan", "enable_bitmapscan", "jit"):
-                    conn.execute(f"SET {setting} = off")
+            conn = sys_raw._pg(self.target)
+            # As tableq's sessions plan: the lease UPDATE joins its claim by id, never by a
+            # scan of the whole table (which a drained table's statistics invite).
+            for setting in ("enable_seqscan", "enable_bitmapscan", "jit"):
+                conn.execute(f"SET {setting} = off")
             return conn
-        import pymysql
-
-        return pymysql.connect(host=host, port=int(port), user="root", database="test",
-                               autocommit=autocommit)
+        return sys_raw._my(self.target)  # READ COMMITTED, as tableq's sessions
 
     def sql(self, statement: str, params: Any = None) -> list[Any]:
         if self.db == "postgres":
@@ -147,23 +146,6 @@ class Probe:
             raise
         return True
 
-    def hold(self, ready: threading.Event, stop: threading.Event) -> None:
-        """The held REPEATABLE READ transaction: it reads once (its snapshot) and stays open."""
-        conn = self.connect(autocommit=False)
-        if self.db == "postgres":
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            conn.execute("SELECT count(*) FROM pg_class").fetchone()
-        else:
-            with conn.cursor() as cur:
-                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                cur.execute("SELECT COUNT(*) FROM information_schema.TABLES")
-                cur.fetchall()
-        ready.set()
-        stop.wait()
-        conn.rollback()
-        conn.close()
-
     def footprint(self) -> str:
         if self.db == "postgres":
             size = sum(self.sql(f"SELECT pg_total_relation_size('{t}')")[0][0]
@@ -219,7 +201,7 @@ class Probe:
 
     def phase(self, seconds: float, held: bool) -> float:
         ready, stop = threading.Event(), threading.Event()
-        holder = threading.Thread(target=self.hold, args=(ready, stop))
+        holder = threading.Thread(target=_hold, args=(self.target, ready, stop))
         if held:
             holder.start()
             ready.wait()
