@@ -43,23 +43,12 @@ class UnsupportedDatabase(ConfigurationError):
 
 
 class SchemaNotMigrated(TableqError):
-    def __init__(self, where: str, no_file: str | None = None) -> None:
-        self.where, self.no_file = where, no_file
-        if no_file is not None:  # SQLite: opening the path would have created an empty file
-            super().__init__(
-                f"there is no SQLite database at {no_file} ({where}); check the path, or create "
-                "a queue there: `tableq migrate --url ...`, or migrate=True in "
-                "tableq.connect() or tableq.App()"
-            )
-            return
+    def __init__(self, where: str) -> None:
+        self.where = where
         super().__init__(
             f"tableq's tables are missing or out of date in {where}; run `tableq migrate "
             "--url ...` or call queue.migrate() once before using the queue"
         )
-
-    def __reduce__(self) -> tuple[type[SchemaNotMigrated], tuple[str, str | None]]:
-        # Pickled (Spark ships errors between processes) by its arguments, not its message.
-        return type(self), (self.where, self.no_file)
 
 
 # --- bad input -----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from tableq.backends.base import (
 )
 from tableq.backends.sql import Cursor, Params, SqlBackend, duplicate_from
 from tableq.backends.sqlite.errors import map_errors
-from tableq.errors import InvalidArgument, SchemaNotMigrated
+from tableq.errors import InvalidArgument
 from tableq.names import ANY_TOPIC
 from tableq.url import DatabaseURL
 
@@ -73,7 +73,6 @@ class SQLiteListener:
     def __init__(self, backend: SQLiteBackend) -> None:
         self._where, self._query = backend.where, backend.Q.session_data_version
         self._hinted_at = 0.0
-        backend._must_exist()
         with map_errors(self._where):
             self._conn = sqlite3.connect(backend.path, timeout=WATCH_BUSY_TIMEOUT_S,
                                          isolation_level=None, check_same_thread=False)
@@ -139,19 +138,6 @@ class SQLiteBackend(SqlBackend):
         self.pool = Pool(self._connect, lambda c: c.close())
         self._held = threading.local()  # .depth: this thread's open transaction() blocks
 
-    def migrate(self) -> list[int]:
-        if not os.path.exists(self.path):
-            with self.map_errors():
-                sqlite3.connect(self.path).close()  # the one place that makes a new file
-        return super().migrate()
-
-    def _must_exist(self) -> None:
-        """Opening a missing file would create it: only migrate() does, so that a mistyped
-        path (or a file deleted under a running queue) is an error naming it, not a new
-        empty database that nobody else uses."""
-        if not os.path.exists(self.path):
-            raise SchemaNotMigrated(self.where, no_file=os.path.abspath(self.path))
-
     def listener(self, topics: Collection[str] | None = None) -> SQLiteListener:
         return SQLiteListener(self)
 
@@ -162,7 +148,6 @@ class SQLiteBackend(SqlBackend):
 
     def _connect(self) -> sqlite3.Connection:
         def open_() -> sqlite3.Connection:
-            self._must_exist()
             with self.map_errors():
                 conn = sqlite3.connect(
                     self.path, timeout=self.busy_timeout_s, isolation_level=None,
