@@ -275,8 +275,9 @@ def _remeasured(run: dict[str, Any], db: str) -> dict[str, set[str]]:
     for update in run.get("updates", []):
         cases, _, rest = update.partition(" re-measured in a second run at ")
         for case in cases.split(", "):
-            if case.endswith(f" ({db})") and case.removesuffix(f" ({db})") in shown:
-                latest[case.removesuffix(f" ({db})")] = rest[:10]
+            scenario = case.removesuffix(f" ({db})")
+            if scenario != case and scenario in shown:
+                latest[scenario] = rest[:10]
     days: dict[str, set[str]] = {}
     for case, day in latest.items():
         days.setdefault(day, set()).add(case)
