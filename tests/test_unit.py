@@ -418,6 +418,42 @@ def test_internal_conflicts_are_tableq_errors_with_advice() -> None:
     assert "retry" in str(err)
 
 
+def test_every_error_survives_pickling_with_its_message_and_fields() -> None:
+    """Errors cross process boundaries (multiprocessing, concurrent.futures, Spark): each one
+    comes back whole, not as a TypeError from its __init__ given the finished message."""
+    import pickle
+
+    from tableq import errors
+    from tableq.backends.base import TransientError, UniqueViolation
+
+    made = [
+        errors.InvalidURL("sqlite:///x", "bad"), errors.MissingDriver("pg", "pg", "psycopg"),
+        errors.UnsupportedDatabase("MariaDB", "10.1", "10.6"), errors.SchemaNotMigrated("db"),
+        errors.InvalidName("topic", "a b", "no spaces"), errors.InvalidArgument("bad option"),
+        errors.PayloadTooLarge(10, 5), errors.PayloadInvalid("no", "email"),
+        errors.UnknownKind("sms", ["email"]), errors.DuplicateMessage("t", "k", 7),
+        errors.LeaseLost("t", 3, "ack", [3, 4]), errors.NotFound("message 9"),
+        errors.DatabaseUnavailable("pg://h", "refused"), errors.DatabaseBusy("pg://h", "deadlock"),
+        errors.DatabaseTimeout("pg://h", "statement timeout", "raise it"),
+        errors.LoadIncomplete("job", 5, 2), errors.StorageFull("pg://h", "disk full"),
+        errors.AuthenticationFailed("no token"), errors.PermissionDenied("consumer", "send", "t"),
+        errors.ServerUnavailable("http://h", "refused"), errors.RemoteError(500, "x", "boom"),
+        errors.TableqError("base"), errors.ConfigurationError("c"), errors.PayloadError("p"),
+        errors.DatabaseError("d"), errors.AccessError("a"),
+        TransientError("deadlock detected", "postgresql://h/db"), UniqueViolation("dup"),
+    ]
+
+    def subclasses(cls: type) -> set[type]:
+        return {cls} | {s for sub in cls.__subclasses__() for s in subclasses(sub)}
+
+    ours = {c for c in subclasses(errors.TableqError) if c.__module__.startswith("tableq.")}
+    assert ours <= {type(e) for e in made}, "add the new error class to this test"
+    for err in made:
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err), err
+        assert back.__dict__ == err.__dict__, err
+
+
 BULK_PAYLOADS = [
     {"a": 1}, [1, "é"], "text", 7, 1.5, None, True, b"\x00raw", {"k": "x" * 60},
     JsonText('{"a": 1}'), JsonText(" [1, 2] "), EncodedJson('{"n":1}'), {"nul": "\u0000"},

@@ -7,6 +7,20 @@ from __future__ import annotations
 class TableqError(Exception):
     """Base class of every error tableq raises on purpose."""
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickling (multiprocessing, concurrent.futures, Spark) would otherwise call the
+        # subclass's __init__ with the finished message alone: a TypeError or a message
+        # formatted twice. Rebuild from the message and the attributes instead.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[TableqError], args: tuple[object, ...],
+             state: dict[str, object]) -> TableqError:
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
 
 # --- configuration -------------------------------------------------------------------------
 
