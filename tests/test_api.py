@@ -243,6 +243,17 @@ def test_explicit_dead_letter_requeue_and_purge(q: tableq.Queue) -> None:
     assert q.purge_dead("dl") == 0 and q.stats("dl")[0].dead == 0
 
 
+def test_dead_letter_without_a_reason_is_refused_and_changes_nothing(q: tableq.Queue) -> None:
+    q.send("dlr", 1)
+    (m,) = q.receive("dlr")
+    for reason in (None, ""):
+        with pytest.raises(tableq.InvalidArgument, match="needs the reason"):
+            q.dead_letter(m, reason)  # type: ignore[arg-type]
+    m.dead_letter("bad")
+    (dead,) = q.dead_letters("dlr")
+    assert dead.id == m.id and dead.error == "bad"
+
+
 def test_requeue_dead_keeps_a_dead_letter_whose_key_is_live_again(q: tableq.Queue) -> None:
     q.send("dk", 1, key="k")
     (m,) = q.receive("dk")

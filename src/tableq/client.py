@@ -33,7 +33,7 @@ from tableq.errors import (
     TableqError,
 )
 from tableq.message import DeadLetter, Message, OnDuplicate, ReceiveMode, SendResult, Settler
-from tableq.names import check_where
+from tableq.names import check_reason, check_where
 from tableq.stats import TopicStats
 
 P = TypeVar("P")
@@ -340,8 +340,9 @@ class Client:
 
     def dead_letter(self, msg: Message, error: str) -> None:
         msg_id, lease = self._leased(msg, "dead-letter")
+        check_reason(error)
         self.call("POST", f"/v1/messages/{msg_id}/dead-letter",
-                  {"lease": lease, "error": (error or "failed")[:65_536]})
+                  {"lease": lease, "error": error[:65_536]})
 
     def forward(self, msg: Message, topic: str, payload: Any, *, key: str | None = None,
                 kind: str | None = None, headers: Mapping[str, str] | None = None,

@@ -116,6 +116,14 @@ def check_identifier(what: str, value: object) -> str:
     return value
 
 
+def check_reason(error: object) -> None:
+    """A dead letter's reason: refused when missing, as it is all that says why later."""
+    if error is None or error == "":
+        raise InvalidArgument(
+            "dead_letter() needs the reason, which stays with the dead letter for whoever "
+            "looks at it later: pass text such as str(exc); the message was not changed")
+
+
 def check_where(where: object) -> dict[str, Any] | None:
     """A receive filter: {"kind": ..., "key": ..., "payload": {field: value}} or the short form
     {field: value, ...} for payload fields, plus optional "kind"/"key"."""

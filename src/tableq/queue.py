@@ -32,7 +32,14 @@ from tableq.message import (
     SendStatus,
     Settler,
 )
-from tableq.names import check_headers, check_key, check_kind, check_topic, check_where
+from tableq.names import (
+    check_headers,
+    check_key,
+    check_kind,
+    check_reason,
+    check_topic,
+    check_where,
+)
 from tableq.stats import TopicStats
 from tableq.transaction import Transaction
 
@@ -696,6 +703,7 @@ class Queue:
         """Moves the message to the dead-letter store with `error`, if the lease still holds."""
         msg_id, lease = self._leased(msg, "dead-letter")
         self._check_connection(connection)
+        check_reason(error)
         if not self._backend.message_dead_letter(msg_id, lease, error_text(error), connection):
             raise LeaseLost(msg.topic, msg.id, "dead-letter")
 

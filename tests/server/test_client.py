@@ -39,6 +39,8 @@ def test_client_has_the_queue_methods(server: Server) -> None:
         a2 = c.heartbeat(a, extend=300, progress={"p": 1})
         assert a2.lease_expires_at > a.lease_expires_at  # type: ignore[operator]
         c.nack(b, delay=0, error="retry me")
+        with pytest.raises(tableq.InvalidArgument, match="needs the reason"):
+            c.dead_letter(d, "")  # refused as Queue refuses it, before any request
         c.dead_letter(d, "bad <data>")
         with pytest.raises(tableq.LeaseLost) as lost:
             c.ack_many([a, b])  # b was nacked: its lease is gone; a is acked
