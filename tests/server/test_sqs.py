@@ -277,6 +277,22 @@ def test_a_refused_batch_entry_fails_alone(server: Server) -> None:
     assert [m.payload for m in server.queue.peek("batch", 10)] == ["fine", "also fine"]
 
 
+def test_a_batch_with_bad_or_repeated_entry_ids_is_refused_whole(server: Server) -> None:
+    """As SQS: an entry Id is 1-80 of A-Z, a-z, 0-9, - and _, unique in its batch; otherwise
+    the whole request fails and nothing is sent."""
+    url = f"{server.url}/sqs/000000000000/ids"
+    bad = [["ok", "a b"], ["ok", "é"], ["ok", "x" * 81], ["ok", ""], ["ok", "a\n"], ["ok", 5]]
+    for ids, code in [*((b, "InvalidBatchEntryId") for b in bad),
+                      (["a", "a"], "BatchEntryIdsNotDistinct")]:
+        r = _signed(server, "SendMessageBatch", {"QueueUrl": url, "Entries": [
+            {"Id": i, "MessageBody": "x"} for i in ids]})
+        assert r.status_code == 400 and r.json()["__type"].endswith(code), (ids, r.text)
+    r = _signed(server, "SendMessageBatch", {"QueueUrl": url, "Entries": [
+        {"Id": "A-z_09" + "x" * 74, "MessageBody": "x"}]})
+    assert r.status_code == 200 and r.json()["Successful"], r.text
+    assert len(server.queue.peek("ids", 10)) == 1
+
+
 def test_headers_written_over_the_native_api_do_not_break_sqs_receives(server: Server,
                                                                       sqs: Any) -> None:
     """The header SQS keeps its data types in can be written by anyone over /v1 or the

@@ -421,6 +421,9 @@ def send_message(st: ServerState, request: Request, p: Principal, params: dict[s
     return _sent(entry, result.id)
 
 
+_BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")  # SQS's rule for a batch entry's Id
+
+
 def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
     entries = params.get("Entries")
     if not isinstance(entries, list) or not entries:
@@ -430,8 +433,9 @@ def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
         raise SqsError("TooManyEntriesInBatchRequest", f"Maximum number of entries per "
                        f"request is {BATCH_MAX}.")
     ids = [e.get("Id") if isinstance(e, dict) else None for e in entries]
-    if any(not isinstance(i, str) or not 1 <= len(i) <= 80 for i in ids):
-        raise SqsError("InvalidBatchEntryId", "Each entry needs an Id of 1-80 characters.")
+    if any(not isinstance(i, str) or not _BATCH_ID.fullmatch(i) for i in ids):
+        raise SqsError("InvalidBatchEntryId", "A batch entry Id can only contain alphanumeric "
+                       "characters, hyphens and underscores. It can be at most 80 letters long.")
     if len(set(ids)) != len(ids):
         raise SqsError("BatchEntryIdsNotDistinct", "Two or more batch entries have the same "
                        "Id.")
