@@ -12,7 +12,9 @@ a held snapshot, alternating. Variants:
           read from floors.
 
 One client only, so a floor needs no view of other writers here (tableq's floors do). Run on a
-server nobody else is churning; tables are named tq_probe_*.
+server nobody else is churning; tables are named tq_probe_*. On MariaDB, --isolation sets the
+churn's level (tableq's sessions run READ COMMITTED; the held transaction is REPEATABLE READ
+either way), and each phase prints its handler and buffer-pool reads per message.
 
     python -m benchmarks.probe_rotation --db postgres --variant rotate --phase-s 30 --rounds 2
 """
@@ -41,8 +43,10 @@ SEQUENCE = "tq_probe_seq"
 class Probe:
     """One variant's tables, floors and time split on one database."""
 
-    def __init__(self, db: str, address: str, variant: str, rotate_rows: int) -> None:
+    def __init__(self, db: str, address: str, variant: str, rotate_rows: int,
+                 isolation: str = "READ COMMITTED") -> None:
         self.db, self.variant, self.rotate_rows = db, variant, rotate_rows
+        self.isolation = isolation
         host, port = address.split(":")
         user = "postgres" if db == "postgres" else "root"
         self.target = Target(db, host, int(port), "test", user)
@@ -68,7 +72,10 @@ class Probe:
             for setting in ("enable_seqscan", "enable_bitmapscan", "jit"):
                 conn.execute(f"SET {setting} = off")
             return conn
-        return sys_raw._my(self.target)  # READ COMMITTED, as tableq's sessions
+        conn = sys_raw._my(self.target)  # READ COMMITTED, as tableq's sessions
+        with conn.cursor() as cur:
+            cur.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {self.isolation}")
+        return conn
 
     def sql(self, statement: str, params: Any = None) -> list[Any]:
         if self.db == "postgres":
@@ -155,6 +162,15 @@ class Probe:
                            "WHERE name = 'trx_rseg_history_len'")[0][0]
         return f"history={history}"
 
+    def reads(self) -> dict[str, int]:
+        """MariaDB's running counts of the rows the churn's session read and the pages every
+        session asked the buffer pool for (nothing else runs)."""
+        if self.db != "mysql":
+            return {}
+        rows = self.sql("SHOW SESSION STATUS WHERE Variable_name IN ('Handler_read_key', "
+                        "'Handler_read_next', 'Innodb_buffer_pool_read_requests')")
+        return {name: int(value) for name, value in rows}
+
     # --- the churn ------------------------------------------------------------------------
 
     def fill(self) -> None:
@@ -206,6 +222,7 @@ class Probe:
             holder.start()
             ready.wait()
         self.spent = dict.fromkeys(self.spent, 0.0)
+        reads0 = self.reads()
         rates: list[float] = []
         done, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
@@ -216,13 +233,15 @@ class Probe:
             rates.append(n / (time.perf_counter() - s0))
         rate = done / (time.perf_counter() - t0)
         footprint = self.footprint()
+        per_msg = " ".join(f"{name}/msg={(n - reads0[name]) / max(done, 1):.1f}"
+                           for name, n in self.reads().items())
         if held:
             stop.set()
             holder.join()
         split = " ".join(f"{k}={v:.1f}s" for k, v in self.spent.items())
         print(f"{self.db} {self.variant} held={held} rate={rate:,.0f}/s segments first/last/min "
               f"{rates[0]:,.0f}/{rates[-1]:,.0f}/{min(rates):,.0f} {footprint} "
-              f"truncates so far={self.truncates} {split}", flush=True)
+              f"truncates so far={self.truncates} {split} {per_msg}", flush=True)
         return rate
 
     def close(self) -> None:
@@ -241,9 +260,12 @@ def main() -> None:
     ap.add_argument("--phase-s", type=float, default=30)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rotate-rows", type=int, default=100_000)
+    ap.add_argument("--isolation", choices=("read-committed", "repeatable-read"),
+                    default="read-committed", help="MariaDB: the churn's isolation level")
     a = ap.parse_args()
     address = a.address or ("127.0.0.1:5432" if a.db == "postgres" else "127.0.0.1:3306")
-    probe = Probe(a.db, address, a.variant, a.rotate_rows)
+    probe = Probe(a.db, address, a.variant, a.rotate_rows,
+                  a.isolation.replace("-", " ").upper())
     try:
         probe.fill()
         probe.drain()
@@ -254,8 +276,8 @@ def main() -> None:
                 if a.db == "mysql":
                     time.sleep(5)  # purge catches up a little between phases
         unheld, held_rate = statistics.median(rates[False]), statistics.median(rates[True])
-        print(f"RESULT {a.db} {a.variant}: unheld {unheld:,.0f} held {held_rate:,.0f} "
-              f"ratio {held_rate / unheld:.2f}")
+        print(f"RESULT {a.db} {a.variant} {a.isolation}: unheld {unheld:,.0f} "
+              f"held {held_rate:,.0f} ratio {held_rate / unheld:.2f}")
     finally:
         probe.close()
 
