@@ -425,6 +425,8 @@ def test_every_error_survives_pickling_with_its_message_and_fields() -> None:
 
     from tableq import errors
     from tableq.backends.base import TransientError, UniqueViolation
+    from tableq.spark.options import OptionError  # Spark ships these to and from executors
+    from tableq.spark.sink import ColumnError
 
     made = [
         errors.InvalidURL("sqlite:///x", "bad"), errors.MissingDriver("pg", "pg", "psycopg"),
@@ -441,6 +443,7 @@ def test_every_error_survives_pickling_with_its_message_and_fields() -> None:
         errors.TableqError("base"), errors.ConfigurationError("c"), errors.PayloadError("p"),
         errors.DatabaseError("d"), errors.AccessError("a"),
         TransientError("deadlock detected", "postgresql://h/db"), UniqueViolation("dup"),
+        OptionError("url", "is required"), ColumnError("priority", "must be an integer"),
     ]
 
     def subclasses(cls: type) -> set[type]:
