@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from dbhelpers import driver_connection
+from dbhelpers import driver_connection, root_conftest
 
 import tableq
+import tableq.url
 from tableq import DuplicateMessage, InvalidArgument, LeaseLost, PayloadTooLarge, UnknownKind
 from tableq.bulk import Bulk
 from tableq.testing import wait_until
@@ -1208,6 +1211,60 @@ def test_settling_on_something_that_is_not_a_connection_is_refused(q: tableq.Que
         with pytest.raises(InvalidArgument, match="connection= must be"):
             call()
     assert q.stats("conn")[0].in_flight == 1
+
+
+@contextmanager
+def _another_database(db_url: str, tmp_path: Any) -> Iterator[str]:
+    """A migrated queue in a database other than db_url's, with the same table names: another
+    SQLite file, PostgreSQL's `postgres` database with db_url's schema, another MariaDB
+    database."""
+    conftest = root_conftest()
+    u = tableq.url.parse_url(db_url)
+    if u.dialect == "sqlite":
+        yield f"sqlite:///{tmp_path}/another.db"
+    elif u.dialect == "mysql":
+        yield from conftest.make_url("mysql", tmp_path)
+    else:
+        import psycopg
+
+        schema = db_url.rpartition("schema=")[2]
+        other = conftest._with_db(db_url, "postgres")
+        try:
+            yield other
+        finally:
+            with psycopg.connect(conftest._conninfo_pg(other), autocommit=True) as admin:
+                admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_a_connection_to_another_database_is_refused_and_changes_nothing(
+    db_url: str, tmp_path: Any
+) -> None:
+    """connection= must reach the queue's own database. A connection to another one that holds
+    tableq's tables too took the message there, where this queue never sees it."""
+    with tableq.connect(db_url, migrate=True) as q, _another_database(db_url, tmp_path) as url2, \
+            tableq.connect(url2, migrate=True) as elsewhere:
+        q.send("conn", 1)
+        (m,) = q.receive("conn")
+        conn = driver_connection(url2)
+        try:
+            for call in (lambda: q.send("conn", 2, connection=conn),
+                         lambda: q.send_many("conn", [3, 4], connection=conn),
+                         lambda: q.ack(m, connection=conn),
+                         lambda: q.dead_letter(m, "poison", connection=conn)):
+                with pytest.raises(InvalidArgument, match="another database") as err:
+                    call()
+                assert "Nothing was changed" in str(err.value)
+            conn.commit()
+        finally:
+            conn.close()
+        assert elsewhere.peek("conn", 10) == [] and q.stats("conn")[0].in_flight == 1
+        same = driver_connection(db_url)
+        try:
+            q.ack(m, connection=same)  # the queue's own database, on the caller's connection
+            same.commit()
+        finally:
+            same.close()
+        assert q.stats("conn")[0].live == 0
 
 
 @pytest.mark.parametrize("fresh_url", ["mysql"], indirect=True)

@@ -350,7 +350,8 @@ class Queue:
 
     def _check_connection(self, connection: Any) -> None:
         """A caller's connection= (the outbox, exactly-once acks) must be this database
-        driver's: anything else gets InvalidArgument, not a driver error halfway."""
+        driver's, to this queue's database: anything else gets InvalidArgument, not a driver
+        error halfway or a message written where this queue never looks."""
         if connection is not None:
             self._backend.check_connection(connection)
 

@@ -10,6 +10,7 @@ themselves live in the dialect's queries.sql; this module holds no SQL."""
 from __future__ import annotations
 
 import json
+import weakref
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -213,6 +214,34 @@ class SqlBackend(Backend):
         if not isinstance(conn, self.connection_type):
             raise InvalidArgument(
                 f"connection= must be an open {self.connection_name}, not {type(conn).__name__}")
+        checked = self.__dict__.get("_checked_connections")
+        if checked is not None and conn in checked:
+            return
+        theirs = self.run(lambda cur: self._one(cur, self.Q.connection_database), conn)
+        if not self._same_database(theirs):
+            shown = ", ".join(f"{k} {v!r}" for k, v in (theirs or {}).items())
+            raise InvalidArgument(
+                f"connection= is connected to another database ({shown}) than this queue's "
+                f"({self.where}): what is written on it would not reach this queue; pass a "
+                "connection to the queue's own database (the outbox and exactly-once acks "
+                "need your writes and tableq's in one database). Nothing was changed")
+        if checked is None:
+            checked = self.__dict__.setdefault("_checked_connections", weakref.WeakSet())
+        # A driver connection's database cannot change (see queries.sql): each is checked once,
+        # but for a plain sqlite3.Connection, which takes no weak reference (checked every call).
+        with suppress(TypeError):
+            checked.add(conn)
+
+    def _same_database(self, theirs: Row | None) -> bool:
+        """Whether a caller's connection reaches the database this queue's pool reaches (the
+        dialect's connection_database row; this queue's is read again once if they differ,
+        say after a server restart)."""
+        own = self.__dict__.get("_own_database")
+        if theirs == own:
+            return True
+        own = self._read_one(self.Q.connection_database)
+        self.__dict__["_own_database"] = own
+        return theirs == own
 
     def now(self) -> datetime:
         return self._to_time(self.run(lambda cur: self._value(cur, self.Q.clock_now, None, "now"),

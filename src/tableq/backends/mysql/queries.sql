@@ -51,6 +51,12 @@ SELECT version FROM {p}migration ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO {p}migration (version, name, applied_at) VALUES (%(version)s, %(name)s, UTC_TIMESTAMP(6));
 
+-- name: connection_database :one
+-- Which database a connection reaches, to refuse a caller's connection= to another one (the
+-- queue's tables are not qualified by database). Checked once per connection: a later `USE`
+-- on the caller's connection is not seen.
+SELECT DATABASE() AS `database`, @@hostname AS server, @@port AS port;
+
 -- name: clock_now :one
 SELECT UTC_TIMESTAMP(6) AS now;
 

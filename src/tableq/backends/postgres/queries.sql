@@ -74,6 +74,12 @@ ROLLBACK TO SAVEPOINT tableq_send;
 -- name: savepoint_release :exec
 RELEASE SAVEPOINT tableq_send;
 
+-- name: connection_database :one
+-- Which database a connection reaches, to refuse a caller's connection= to another one. The
+-- queue's statements name their schema, so the database and the server decide: the
+-- server's start time tells two servers apart whatever their address (TCP or socket).
+SELECT current_database() AS database, pg_postmaster_start_time() AS server_started;
+
 -- name: clock_now :one
 SELECT statement_timestamp() AS now;
 

@@ -112,6 +112,11 @@ class SQLiteListener:
         self._conn.close()
 
 
+class _QueueConnection(sqlite3.Connection):
+    """A connection tableq opened: a subclass only to take weak references, so that
+    check_connection checks its file once (a transaction()'s acks and sends pass it)."""
+
+
 class SQLiteBackend(SqlBackend):
     dialect = "sqlite"
     single_writer = True
@@ -138,6 +143,21 @@ class SQLiteBackend(SqlBackend):
         self.pool = Pool(self._connect, lambda c: c.close())
         self._held = threading.local()  # .depth: this thread's open transaction() blocks
 
+    def _same_database(self, theirs: Row | None) -> bool:
+        """The same file, by its name or, under another name (a link, a relative path), by
+        os.path.samefile; names found the same are remembered."""
+        file = (theirs or {}).get("file") or ""
+        same = self.__dict__.setdefault("_same_files", set())
+        if file in same:
+            return True
+        try:
+            if not (file and os.path.samefile(file, self.path)):
+                return False
+        except OSError:
+            return False
+        same.add(file)
+        return True
+
     def listener(self, topics: Collection[str] | None = None) -> SQLiteListener:
         return SQLiteListener(self)
 
@@ -151,7 +171,7 @@ class SQLiteBackend(SqlBackend):
             with self.map_errors():
                 conn = sqlite3.connect(
                     self.path, timeout=self.busy_timeout_s, isolation_level=None,
-                    check_same_thread=False,
+                    check_same_thread=False, factory=_QueueConnection,
                 )
                 conn.row_factory = sqlite3.Row
                 conn.execute(self.Q.session_journal_wal)

@@ -59,6 +59,12 @@ SELECT version FROM {p}migration ORDER BY version;
 INSERT INTO {p}migration (version, name, applied_at)
 VALUES (:version, :name, (julianday('now') - 2440587.5) * 86400.0);
 
+-- name: connection_database :one
+-- Which file a connection reaches, to refuse a caller's connection= to another one. The
+-- first row is always `main` (seq 0); the pragma costs a third of pragma_database_list's
+-- table-valued form, and it runs on every call with connection=.
+PRAGMA database_list;
+
 -- name: clock_now :one
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
