@@ -1267,6 +1267,48 @@ def test_a_connection_to_another_database_is_refused_and_changes_nothing(
         assert q.stats("conn")[0].live == 0
 
 
+def test_a_connection_to_the_same_database_in_another_form_is_taken(
+    db_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database check compares what the connections reach, not how they were opened or
+    how the caller's connection decodes: a SQLite file by another path (the queue's relative
+    to a directory since left) or text as bytes, PostgreSQL with naive timestamps (as
+    Django's USE_TZ=False loads them), PyMySQL with use_unicode=False."""
+    u = tableq.url.parse_url(db_url)
+    if u.dialect == "sqlite":
+        import sqlite3
+
+        monkeypatch.chdir(tmp_path)
+        db_url = "sqlite:///relative.db"
+        (tmp_path / "elsewhere").mkdir()
+    with tableq.connect(db_url, migrate=True) as q:
+        if u.dialect == "sqlite":
+            monkeypatch.chdir(tmp_path / "elsewhere")
+            conn = sqlite3.connect(str(tmp_path / "relative.db"))
+            conn.text_factory = bytes
+        elif u.dialect == "postgres":
+            from psycopg.types.datetime import TimestamptzLoader
+
+            class Naive(TimestamptzLoader):
+                def load(self, data: Any) -> Any:
+                    return super().load(data).replace(tzinfo=None)
+
+            conn = driver_connection(db_url)
+            conn.adapters.register_loader("timestamptz", Naive)
+        else:
+            import pymysql
+
+            conn = pymysql.connect(host=u.host, port=u.port or 3306, user=u.user or "root",
+                                   password=u.password or "", database=u.database,
+                                   use_unicode=False)
+        try:
+            q.send("forms", 1, connection=conn)
+            conn.commit()
+        finally:
+            conn.close()
+        assert [m.payload for m in q.peek("forms", 10)] == [1]
+
+
 @pytest.mark.parametrize("fresh_url", ["mysql"], indirect=True)
 def test_a_duplicate_on_a_found_rows_connection_is_a_duplicate(fresh_url: str) -> None:
     """MariaDB: a caller's PyMySQL connection with CLIENT.FOUND_ROWS (SQLAlchemy sets it)

@@ -68,6 +68,13 @@ _HELPER_COLUMNS = ("due_priority", "due_at", "dead_lettered", "db_now")
 _LEASE_TIMES = ("created_at", "available_at", "first_available_at", "received_at")
 
 
+def _plain(row: Row | None) -> dict[str, Any]:
+    """A row of text, whatever the caller's connection decodes to (PyMySQL's
+    use_unicode=False and sqlite3's text_factory give bytes)."""
+    return {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+            for k, v in (row or {}).items()}
+
+
 class SqlBackend(Backend):
     """A Backend over one SQL database. `run(fn)` is the only way statements reach the
     database: fn gets a cursor, and runs inside the caller's transaction (conn=...), or in a
@@ -214,34 +221,36 @@ class SqlBackend(Backend):
         if not isinstance(conn, self.connection_type):
             raise InvalidArgument(
                 f"connection= must be an open {self.connection_name}, not {type(conn).__name__}")
-        checked = self.__dict__.get("_checked_connections")
-        if checked is not None and conn in checked:
-            return
-        theirs = self.run(lambda cur: self._one(cur, self.Q.connection_database), conn)
+        # Each connection is checked once (its database cannot change, but for MariaDB's
+        # select_db() or USE, which the driver does not show: see queries.sql); a plain
+        # sqlite3.Connection takes no weak reference and is checked on every call.
+        checked = self.__dict__.setdefault("_checked_connections", weakref.WeakSet())
+        with suppress(TypeError):
+            if conn in checked:
+                return
+        theirs = _plain(self.run(lambda cur: self._one(cur, self.Q.connection_database), conn))
         if not self._same_database(theirs):
-            shown = ", ".join(f"{k} {v!r}" for k, v in (theirs or {}).items())
+            shown = ", ".join(f"{k} {v!r}" for k, v in theirs.items())
             raise InvalidArgument(
                 f"connection= is connected to another database ({shown}) than this queue's "
                 f"({self.where}): what is written on it would not reach this queue; pass a "
                 "connection to the queue's own database (the outbox and exactly-once acks "
                 "need your writes and tableq's in one database). Nothing was changed")
-        if checked is None:
-            checked = self.__dict__.setdefault("_checked_connections", weakref.WeakSet())
-        # A driver connection's database cannot change (see queries.sql): each is checked once,
-        # but for a plain sqlite3.Connection, which takes no weak reference (checked every call).
         with suppress(TypeError):
             checked.add(conn)
 
-    def _same_database(self, theirs: Row | None) -> bool:
-        """Whether a caller's connection reaches the database this queue's pool reaches (the
-        dialect's connection_database row; this queue's is read again once if they differ,
-        say after a server restart)."""
-        own = self.__dict__.get("_own_database")
-        if theirs == own:
-            return True
-        own = self._read_one(self.Q.connection_database)
-        self.__dict__["_own_database"] = own
-        return theirs == own
+    def _own_database(self, fresh: bool = False) -> dict[str, Any]:
+        """The dialect's connection_database row as this queue's pool sees it (read again when
+        fresh, say after a server restart)."""
+        own = self.__dict__.get("_own_database_row")
+        if own is None or fresh:
+            own = self.__dict__["_own_database_row"] = _plain(
+                self._read_one(self.Q.connection_database))
+        return own
+
+    def _same_database(self, theirs: dict[str, Any]) -> bool:
+        """Whether a caller's connection reaches the database this queue's pool reaches."""
+        return theirs == self._own_database() or theirs == self._own_database(fresh=True)
 
     def now(self) -> datetime:
         return self._to_time(self.run(lambda cur: self._value(cur, self.Q.clock_now, None, "now"),

@@ -53,8 +53,9 @@ INSERT INTO {p}migration (version, name, applied_at) VALUES (%(version)s, %(name
 
 -- name: connection_database :one
 -- Which database a connection reaches, to refuse a caller's connection= to another one (the
--- queue's tables are not qualified by database). Checked once per connection: a later `USE`
--- on the caller's connection is not seen.
+-- queue's tables are not qualified by database). Checked once per connection: a later
+-- select_db() or `USE` on it is not seen (PyMySQL does not say; a check on every call would
+-- cost a round trip).
 SELECT DATABASE() AS `database`, @@hostname AS server, @@port AS port;
 
 -- name: clock_now :one

@@ -78,7 +78,9 @@ RELEASE SAVEPOINT tableq_send;
 -- Which database a connection reaches, to refuse a caller's connection= to another one. The
 -- queue's statements name their schema, so the database and the server decide: the
 -- server's start time tells two servers apart whatever their address (TCP or socket).
-SELECT current_database() AS database, pg_postmaster_start_time() AS server_started;
+-- As text: the caller's connection may load timestamps its own way (Django's naive ones).
+SELECT current_database()::text AS database,
+       extract(epoch FROM pg_postmaster_start_time())::text AS server_started;
 
 -- name: clock_now :one
 SELECT statement_timestamp() AS now;

@@ -143,15 +143,17 @@ class SQLiteBackend(SqlBackend):
         self.pool = Pool(self._connect, lambda c: c.close())
         self._held = threading.local()  # .depth: this thread's open transaction() blocks
 
-    def _same_database(self, theirs: Row | None) -> bool:
-        """The same file, by its name or, under another name (a link, a relative path), by
-        os.path.samefile; names found the same are remembered."""
-        file = (theirs or {}).get("file") or ""
+    def _same_database(self, theirs: dict[str, Any]) -> bool:
+        """The same file as the pool's connections opened, by its name or, under another name
+        (a link, a path relative to another directory), by os.path.samefile; names found
+        the same are remembered."""
+        file = theirs.get("file") or ""
         same = self.__dict__.setdefault("_same_files", set())
         if file in same:
             return True
+        own = self._own_database().get("file") or ""
         try:
-            if not (file and os.path.samefile(file, self.path)):
+            if not (file and own and (file == own or os.path.samefile(file, own))):
                 return False
         except OSError:
             return False
