@@ -431,6 +431,7 @@ def test_every_error_survives_pickling_with_its_message_and_fields() -> None:
     made = [
         errors.InvalidURL("sqlite:///x", "bad"), errors.MissingDriver("pg", "pg", "psycopg"),
         errors.UnsupportedDatabase("MariaDB", "10.1", "10.6"), errors.SchemaNotMigrated("db"),
+        errors.SchemaNotMigrated("sqlite:///x.db", no_file="x.db"),
         errors.InvalidName("topic", "a b", "no spaces"), errors.InvalidArgument("bad option"),
         errors.PayloadTooLarge(10, 5), errors.PayloadInvalid("no", "email"),
         errors.UnknownKind("sms", ["email"]), errors.DuplicateMessage("t", "k", 7),

@@ -57,8 +57,14 @@ class UnsupportedDatabase(ConfigurationError):
 
 
 class SchemaNotMigrated(TableqError):
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, *, no_file: str | None = None) -> None:
         self.where = where
+        if no_file is not None:  # SQLite: opening the path would have created an empty file
+            super().__init__(
+                f"there is no SQLite database at {no_file}; check the path, or create a queue "
+                "there with `tableq migrate --url ...` or queue.migrate(). Nothing was created"
+            )
+            return
         super().__init__(
             f"tableq's tables are missing or out of date in {where}; run `tableq migrate "
             "--url ...` or call queue.migrate() once before using the queue"

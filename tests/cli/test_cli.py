@@ -151,6 +151,22 @@ def test_bad_url_and_unmigrated_database(tmp_path):
     assert r.returncode == 1 and "cannot reach" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ("stats",), ("peek", "t"), ("send", "t", "1"), ("receive", "t"), ("purge", "t", "--yes"),
+    ("dead", "list", "t"), ("token", "list"), ("doctor",), ("worker", "effects_app:app"),
+], ids=lambda a: "-".join(a[:2]))
+def test_a_mistyped_sqlite_path_is_refused_not_created(tmp_path, args):
+    """Opening a SQLite path with no file creates an empty database there: only migrate may
+    (a command on a typo made a new queue, then advised migrating it)."""
+    url = f"sqlite:///{tmp_path}/typo.db"
+    r = tq(url, *args, env={"EFFECTS": str(tmp_path / "fx")}, cwd=APPS_DIR)
+    assert r.returncode == 1 and "no SQLite database at" in r.stderr, (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert "tableq migrate" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "typo.db").exists()
+    assert tq(url, "migrate").returncode == 0 and (tmp_path / "typo.db").exists()
+
+
 def test_debug_shows_the_traceback(tmp_path):
     r = tq("nosuch://x", "--debug", "stats")
     assert r.returncode == 1 and "Traceback" in r.stderr and "InvalidURL" in r.stderr

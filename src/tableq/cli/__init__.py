@@ -36,12 +36,28 @@ class Context:
             raise click.UsageError("--url came too late: the database was already opened")
         self.url, self.url_source, self.url_given = url, "COMMANDLINE", True
 
-    def queue(self, *, migrate: bool = False) -> Any:
+    def queue(self, *, migrate: bool = False, create: bool = False, **options: Any) -> Any:
+        """The command's Queue, opened once. Only a migrating command (migrate=True, or
+        create=True for one that migrates itself) may open a SQLite path
+        that has no file (opening creates one: a mistyped path would become a new, empty
+        queue, and the command would then advise migrating it)."""
         if self._queue is None:
             import tableq
 
-            self._queue = tableq.connect(self.url, migrate=migrate)
+            if not (migrate or create):
+                self.refuse_missing_sqlite_file()
+            self._queue = tableq.connect(self.url, migrate=migrate, **options)
         return self._queue
+
+    def refuse_missing_sqlite_file(self) -> None:
+        from pathlib import Path
+
+        from tableq.errors import SchemaNotMigrated
+        from tableq.url import parse_url, redact
+
+        target = parse_url(self.url)
+        if target.dialect == "sqlite" and not Path(target.database or "").exists():
+            raise SchemaNotMigrated(redact(self.url), no_file=target.database)
 
     def close(self) -> None:
         if self._queue is not None:

@@ -5,7 +5,6 @@ judgement live in tableq.doctor; this module only shows them."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -14,7 +13,6 @@ from rich.text import Text
 
 from tableq.cli import output
 from tableq.doctor import MAX_CLOCK_OFFSET_S, MAX_TRANSACTION_AGE_S, diagnose, exit_code, worst
-from tableq.url import parse_url
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _STYLE = {"ok": "green", "warn": "yellow", "risk": "bold red"}
@@ -57,12 +55,7 @@ def doctor(ctx: click.Context, max_transaction_age: float, max_clock_offset: flo
     """Check the queue database: durability settings, old transactions that hold back
     cleanup, dead rows or undo history, pending migrations, and the clock offset to this
     host. Exit code 0: fine (warnings alone too, unless --strict); 1: something is risky."""
-    target = parse_url(ctx.obj.url)
-    if target.dialect == "sqlite" and not Path(target.database or "").exists():
-        # Opening it would create it: the doctor only looks.
-        raise click.ClickException(f"no SQLite database at {target.database}; check the path "
-                                   "(`tableq migrate` creates a new one)")
-    q = ctx.obj.queue()
+    q = ctx.obj.queue()  # the doctor only looks: a missing SQLite file is refused, not made
     findings = diagnose(q, max_transaction_age=max_transaction_age,
                         max_clock_offset=max_clock_offset)
     where = q.where

@@ -25,7 +25,7 @@ def _ctx() -> Any:
 @click.command()
 def migrate() -> None:
     """Create or upgrade tableq's tables (safe to run again, and from several hosts)."""
-    q = _ctx().queue()
+    q = _ctx().queue(create=True)
     applied = q.migrate()
     where = output.clean(q.where)
     if applied:

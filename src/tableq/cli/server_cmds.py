@@ -51,11 +51,10 @@ def serve(ctx: click.Context, host: str, port: int, max_body_bytes: int, max_bat
     except ImportError as exc:
         raise click.ClickException(f"tableq serve needs the server extra ({exc.name} is "
                                    "missing); run: pip install 'tableq[server]'") from None
-    import tableq
 
     obj = ctx.obj
     setup_logging(obj.debug, log_level)
-    queue = tableq.connect(obj.url, migrate=migrate, strict_kinds=False)
+    queue = obj.queue(migrate=migrate, strict_kinds=False)
     app = create_app(queue, max_body_bytes=max_body_bytes, max_batch=max_batch,
                      max_receive=max_receive, metrics_public=metrics_public)
     click.echo(f"tableq serving {queue.where} on http://{host}:{port} "
@@ -63,7 +62,7 @@ def serve(ctx: click.Context, host: str, port: int, max_body_bytes: int, max_bat
     try:
         foreground(app, host, port, log_level=log_level.lower())
     finally:
-        queue.close()
+        obj.close()
 
 
 @click.group()

@@ -97,6 +97,7 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
 
         app.use_queue(Client(api_url, token))
     elif obj.url_given:
+        obj.refuse_missing_sqlite_file()
         try:
             app.use_url(obj.url)
         except ConfigurationError:
