@@ -1272,8 +1272,9 @@ def test_a_connection_to_the_same_database_in_another_form_is_taken(
 ) -> None:
     """The database check compares what the connections reach, not how they were opened or
     how the caller's connection decodes: a SQLite file by another path (the queue's relative
-    to a directory since left) or text as bytes, PostgreSQL with naive timestamps (as
-    Django's USE_TZ=False loads them), PyMySQL with use_unicode=False."""
+    to a directory since left), text as bytes and rows as dicts, PostgreSQL with naive
+    timestamps (as Django's USE_TZ=False loads them) and short float text, PyMySQL with
+    use_unicode=False."""
     u = tableq.url.parse_url(db_url)
     if u.dialect == "sqlite":
         import sqlite3
@@ -1286,6 +1287,8 @@ def test_a_connection_to_the_same_database_in_another_form_is_taken(
             monkeypatch.chdir(tmp_path / "elsewhere")
             conn = sqlite3.connect(str(tmp_path / "relative.db"))
             conn.text_factory = bytes
+            conn.row_factory = lambda cur, row: {  # the sqlite3 docs' dict_factory
+                d[0]: v for d, v in zip(cur.description, row, strict=True)}
         elif u.dialect == "postgres":
             from psycopg.types.datetime import TimestamptzLoader
 
@@ -1295,6 +1298,7 @@ def test_a_connection_to_the_same_database_in_another_form_is_taken(
 
             conn = driver_connection(db_url)
             conn.adapters.register_loader("timestamptz", Naive)
+            conn.execute("SET extra_float_digits = 0")
         else:
             import pymysql
 
@@ -1302,8 +1306,9 @@ def test_a_connection_to_the_same_database_in_another_form_is_taken(
                                    password=u.password or "", database=u.database,
                                    use_unicode=False)
         try:
-            q.send("forms", 1, connection=conn)
+            sent = q.send("forms", 1, connection=conn)
             conn.commit()
+            assert sent.status == "sent" and isinstance(sent.id, int)
         finally:
             conn.close()
         assert [m.payload for m in q.peek("forms", 10)] == [1]

@@ -167,6 +167,28 @@ def test_a_mistyped_sqlite_path_is_refused_not_created(tmp_path, args):
     assert tq(url, "migrate").returncode == 0 and (tmp_path / "typo.db").exists()
 
 
+@pytest.mark.parametrize("extra", [(), ("--processes", "2")])
+def test_a_worker_whose_app_makes_or_holds_its_queue_is_not_refused(tmp_path, extra):
+    """The missing-file refusal is for a queue the command would open on a typo: an
+    App(migrate=True) creates its file, and an App built with queue= never opens the URL."""
+    real = tmp_path / "real.db"
+    (tmp_path / "selfmade.py").write_text(
+        "from tableq.worker import App\n"
+        "app = App(migrate=True)\n"
+        "@app.handler('t')\ndef t(message):\n    pass\n")
+    (tmp_path / "ownqueue.py").write_text(
+        "import tableq\nfrom tableq.worker import App\n"
+        f"app = App(queue=tableq.connect({f'sqlite:///{real}'!r}, migrate=True))\n"
+        "@app.handler('t')\ndef t(message):\n    pass\n")
+    r = tq(f"sqlite:///{tmp_path}/new.db", "worker", "selfmade:app", "--burst", *extra,
+           cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "new.db").exists(), r.stderr
+    r = tq(None, "worker", "ownqueue:app", "--burst", cwd=tmp_path,
+           env={"TABLEQ_URL": f"sqlite:///{tmp_path}/elsewhere.db"})
+    assert r.returncode == 0 and real.exists(), r.stderr
+    assert not (tmp_path / "elsewhere.db").exists()
+
+
 def test_debug_shows_the_traceback(tmp_path):
     r = tq("nosuch://x", "--debug", "stats")
     assert r.returncode == 1 and "Traceback" in r.stderr and "InvalidURL" in r.stderr

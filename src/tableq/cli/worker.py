@@ -97,13 +97,15 @@ def worker(ctx: click.Context, app_spec: str, topics: tuple[str, ...],
 
         app.use_queue(Client(api_url, token))
     elif obj.url_given:
-        obj.refuse_missing_sqlite_file()
         try:
             app.use_url(obj.url)
         except ConfigurationError:
             if obj.url_source == "COMMANDLINE":
                 raise click.UsageError("--url cannot override an App built with queue=; drop "
                                        "--url or build the App from a URL") from None
+        else:
+            if not app.migrates:  # App(migrate=True) creates its own tables (and file)
+                obj.refuse_missing_sqlite_file()
     if processes > 1:
         from tableq.worker import supervisor
 

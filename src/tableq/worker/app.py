@@ -100,6 +100,11 @@ class App:
             return str(self._queue.where)
         return self._url or os.environ.get(URL_ENV) or DEFAULT_URL
 
+    @property
+    def migrates(self) -> bool:
+        """Whether the App applies migrations when it connects (App(migrate=True))."""
+        return bool(self._connect_options.get("migrate"))
+
     def use_url(self, url: str) -> None:
         """Points the App at another database (the CLI's --url); only before it connects."""
         with self._lock:

@@ -78,9 +78,11 @@ RELEASE SAVEPOINT tableq_send;
 -- Which database a connection reaches, to refuse a caller's connection= to another one. The
 -- queue's statements name their schema, so the database and the server decide: the
 -- server's start time tells two servers apart whatever their address (TCP or socket).
--- As text: the caller's connection may load timestamps its own way (Django's naive ones).
+-- As text in a fixed form: the caller's connection may load timestamps its own way (Django's
+-- naive ones), and float text follows its extra_float_digits.
 SELECT current_database()::text AS database,
-       extract(epoch FROM pg_postmaster_start_time())::text AS server_started;
+       to_char(pg_postmaster_start_time() AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS')
+           AS server_started;
 
 -- name: clock_now :one
 SELECT statement_timestamp() AS now;

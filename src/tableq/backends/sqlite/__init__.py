@@ -252,8 +252,12 @@ class SQLiteBackend(SqlBackend):
     def _all(self, cur: Cursor, query: str, params: Params | None = None) -> list[Row]:
         done = cur.execute(query, params or {})
         names = [d[0] for d in done.description]
-        # By position: a caller's own connection may have any row_factory, or none.
-        return [dict(zip(names, r, strict=True)) for r in done.fetchall()]
+        rows = done.fetchall()
+        # By position: a caller's own connection may have any row_factory, or none; a dict
+        # one (the sqlite3 docs' recipe) iterates its keys, so its values are taken.
+        if rows and isinstance(rows[0], dict):
+            return [dict(zip(names, r.values(), strict=True)) for r in rows]
+        return [dict(zip(names, r, strict=True)) for r in rows]
 
     def _one(self, cur: Cursor, query: str, params: Params | None = None) -> Row | None:
         rows = self._all(cur, query, params)
