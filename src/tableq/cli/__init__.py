@@ -38,9 +38,9 @@ class Context:
 
     def queue(self, *, migrate: bool = False, create: bool = False, **options: Any) -> Any:
         """The command's Queue, opened once. Only a migrating command (migrate=True, or
-        create=True for one that migrates itself) may open a SQLite path
-        that has no file (opening creates one: a mistyped path would become a new, empty
-        queue, and the command would then advise migrating it)."""
+        create=True for one that migrates itself) may open a SQLite path that has no file:
+        opening creates one, so a mistyped path would become a new, empty queue, and the
+        command would then advise migrating it."""
         if self._queue is None:
             import tableq
 

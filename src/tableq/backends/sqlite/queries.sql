@@ -62,7 +62,7 @@ VALUES (:version, :name, (julianday('now') - 2440587.5) * 86400.0);
 -- name: connection_database :one
 -- Which file a connection reaches, to refuse a caller's connection= to another one. The
 -- first row is always `main` (seq 0); the pragma costs a third of pragma_database_list's
--- table-valued form, and it runs on every call with connection=.
+-- table-valued form, and it runs on every call with a caller's plain sqlite3 connection.
 PRAGMA database_list;
 
 -- name: clock_now :one
