@@ -44,9 +44,9 @@ class Probe:
     """One variant's tables, floors and time split on one database."""
 
     def __init__(self, db: str, address: str, variant: str, rotate_rows: int,
-                 isolation: str = "READ COMMITTED") -> None:
+                 isolation: str = "READ COMMITTED", innodb_metrics: bool = False) -> None:
         self.db, self.variant, self.rotate_rows = db, variant, rotate_rows
-        self.isolation = isolation
+        self.isolation, self.innodb_metrics = isolation, innodb_metrics
         host, port = address.split(":")
         user = "postgres" if db == "postgres" else "root"
         self.target = Target(db, host, int(port), "test", user)
@@ -169,7 +169,12 @@ class Probe:
             return {}
         rows = self.sql("SHOW SESSION STATUS WHERE Variable_name IN ('Handler_read_key', "
                         "'Handler_read_next', 'Innodb_buffer_pool_read_requests')")
-        return {name: int(value) for name, value in rows}
+        counts = {name: int(value) for name, value in rows}
+        if self.innodb_metrics:  # every enabled counter, server-wide
+            counts |= {f"innodb.{name}": int(n) for name, n in self.sql(
+                "SELECT name, count FROM information_schema.INNODB_METRICS "
+                "WHERE enabled = 1")}
+        return counts
 
     # --- the churn ------------------------------------------------------------------------
 
@@ -233,8 +238,11 @@ class Probe:
             rates.append(n / (time.perf_counter() - s0))
         rate = done / (time.perf_counter() - t0)
         footprint = self.footprint()
-        per_msg = " ".join(f"{name}/msg={(n - reads0[name]) / max(done, 1):.1f}"
-                           for name, n in self.reads().items())
+        moved = {name: (n - reads0.get(name, 0)) / max(done, 1)
+                 for name, n in self.reads().items()}
+        # InnoDB's counters only where they moved by a tenth a message or more.
+        per_msg = " ".join(f"{name}/msg={d:.1f}" for name, d in moved.items()
+                           if not name.startswith("innodb.") or abs(d) >= 0.1)
         if held:
             stop.set()
             holder.join()
@@ -262,10 +270,14 @@ def main() -> None:
     ap.add_argument("--rotate-rows", type=int, default=100_000)
     ap.add_argument("--isolation", choices=("read-committed", "repeatable-read"),
                     default="read-committed", help="MariaDB: the churn's isolation level")
+    ap.add_argument("--innodb-metrics", action="store_true",
+                    help="MariaDB: also print each enabled INNODB_METRICS counter a message "
+                    "(enable them with innodb_monitor_enable=all, a global setting: on a "
+                    "server of your own, not a shared one)")
     a = ap.parse_args()
     address = a.address or ("127.0.0.1:5432" if a.db == "postgres" else "127.0.0.1:3306")
     probe = Probe(a.db, address, a.variant, a.rotate_rows,
-                  a.isolation.replace("-", " ").upper())
+                  a.isolation.replace("-", " ").upper(), a.innodb_metrics)
     try:
         probe.fill()
         probe.drain()
