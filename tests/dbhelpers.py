@@ -9,9 +9,10 @@ def _conninfo_pg(url: str) -> str:
     return url.split("?", 1)[0].replace("postgresql+psycopg://", "postgresql://")
 
 
-def driver_connection(url: str):  # type: ignore[no-untyped-def]
+def driver_connection(url: str, **options):  # type: ignore[no-untyped-def]
     """A plain DB-API connection of the backend's own driver to the same database, as an
-    application would hold one (for outbox tests). Not autocommit."""
+    application would hold one (for outbox tests). Not autocommit. `options` go to PyMySQL's
+    connect (use_unicode=False, client_flag=...)."""
     u = tableq.url.parse_url(url)
     if u.dialect == "sqlite":
         import sqlite3
@@ -24,7 +25,8 @@ def driver_connection(url: str):  # type: ignore[no-untyped-def]
     import pymysql
 
     return pymysql.connect(host=u.host, port=u.port or 3306, user=u.user or "root",
-                           password=u.password or "", database=u.database, autocommit=False)
+                           password=u.password or "", database=u.database, autocommit=False,
+                           **options)
 
 
 def root_conftest():  # type: ignore[no-untyped-def]

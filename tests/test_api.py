@@ -1300,11 +1300,7 @@ def test_a_connection_to_the_same_database_in_another_form_is_taken(
             conn.adapters.register_loader("timestamptz", Naive)
             conn.execute("SET extra_float_digits = 0")
         else:
-            import pymysql
-
-            conn = pymysql.connect(host=u.host, port=u.port or 3306, user=u.user or "root",
-                                   password=u.password or "", database=u.database,
-                                   use_unicode=False)
+            conn = driver_connection(db_url, use_unicode=False)
         try:
             sent = q.send("forms", 1, connection=conn)
             conn.commit()
@@ -1319,14 +1315,10 @@ def test_a_duplicate_on_a_found_rows_connection_is_a_duplicate(fresh_url: str) -
     """MariaDB: a caller's PyMySQL connection with CLIENT.FOUND_ROWS (SQLAlchemy sets it)
     counts a duplicate key as one row, like an insert; the status still says duplicate."""
     db_url = fresh_url
-    import pymysql
     from pymysql.constants import CLIENT
 
-    u = tableq.url.parse_url(db_url)
     with tableq.connect(db_url, migrate=True) as q:
-        conn = pymysql.connect(host=u.host, port=u.port or 3306, user=u.user or "root",
-                               password=u.password or "", database=u.database,
-                               client_flag=CLIENT.FOUND_ROWS)
+        conn = driver_connection(db_url, client_flag=CLIENT.FOUND_ROWS)
         try:
             first = q.send("fr", 1, key="k", connection=conn)
             again = q.send("fr", 2, key="k", connection=conn)
