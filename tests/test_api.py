@@ -1041,6 +1041,91 @@ def test_pool_keeps_a_connection_after_a_foreign_exception_only_while_it_is_open
     assert _is_driver_error(conn)
 
 
+def _send_without_reading(conn: Any, dialect: str) -> None:
+    """Sends a statement and leaves its result unread on a driver connection, as an interrupt
+    landing between the driver's send and its read does."""
+    if dialect == "postgres":
+        conn.pgconn.send_query(b"SELECT 424242 AS id")
+    elif dialect == "mysql":
+        from pymysql.constants import COMMAND
+        conn._execute_command(COMMAND.COM_QUERY, "SELECT 424242 AS id")
+    else:
+        conn.execute("SELECT 424242 AS id")  # in-process: nothing can be left half read
+
+
+def test_an_interrupt_mid_statement_leaves_no_half_read_connection_in_the_pool(
+    db_url: str,
+) -> None:
+    """On MySQL the next statement on such a connection read the interrupted one's result
+    as its own (q.now() failed with KeyError 'now'; rows of the same shape would have been
+    taken for its answer); on PostgreSQL it failed once with 'another command is already in
+    progress'. The interrupt propagates as itself and the pool closes the connection."""
+    one = {} if db_url.startswith("sqlite") else {"pool_size": 1}
+    with tableq.connect(db_url, migrate=True, **one) as q:
+        backend = q._backend
+        q.send("hr", 0)
+        q.stats()
+        (first,) = backend.pool._idle
+
+        def interrupted(cur: Any) -> None:
+            conn = cur if q.dialect == "sqlite" else cur.connection
+            _send_without_reading(conn, q.dialect)
+            raise KeyboardInterrupt("between the send and the read")
+
+        for tx in (False, True):
+            with pytest.raises(KeyboardInterrupt, match="between the send"):
+                backend.run(interrupted, tx=tx)
+            assert first not in backend.pool._idle  # closed, not pooled
+            assert abs((q.now() - datetime.now(UTC)).total_seconds()) < 60
+            (first,) = backend.pool._idle
+        with pytest.raises(KeyboardInterrupt, match="inside the block"):
+            with q.transaction() as tx:
+                tx.send("hr", 1)
+                _send_without_reading(tx.connection, q.dialect)
+                raise KeyboardInterrupt("inside the block")  # not masked by a failed rollback
+        assert first not in backend.pool._idle
+        got = q.receive("hr", max=10)
+        assert [m.payload for m in got] == [0]  # the block's send was rolled back
+        q.ack_many(got)
+        assert q.stats("hr")[0].live == 0
+
+
+def test_the_pool_closes_a_connection_after_an_exception_tableq_did_not_raise_on_purpose(
+    db_url: str,
+) -> None:
+    """In tableq's own statements any exception but a TableqError may have come mid-read (a
+    value that does not decode, a bug): that connection is closed. A TableqError raised on
+    purpose, and any exception a caller raises in its queue.transaction() block, leave it
+    pooled (the block's transaction is rolled back)."""
+    one = {} if db_url.startswith("sqlite") else {"pool_size": 1}
+    with tableq.connect(db_url, migrate=True, **one) as q:
+        backend = q._backend
+        q.send("fx", 0, key="k")
+        with q.transaction() as tx:  # the first one reads, once, which database it reaches
+            tx.send("fx", 1, key="k")
+        before = list(backend.pool._idle)
+        with pytest.raises(DuplicateMessage):
+            q.send("fx", 1, key="k", on_duplicate="error")
+        assert backend.pool._idle == before
+        with pytest.raises(RuntimeError, match="the caller's"):
+            with q.transaction() as tx:
+                tx.send("fx", 2)
+                kept = tx.connection
+                raise RuntimeError("the caller's")
+        assert kept in backend.pool._idle
+        idle = list(backend.pool._idle)
+        used: list[Any] = []
+
+        def failing(cur: Any) -> None:
+            used.append(cur if q.dialect == "sqlite" else cur.connection)
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "as a decoder mid-read")
+
+        with pytest.raises(UnicodeDecodeError):
+            backend.run(failing)
+        assert used[0] in idle and used[0] not in backend.pool._idle
+        assert [m.payload for m in q.peek("fx")] == [0]
+
+
 def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Queue) -> None:
     texts = ['{\n\t"a": [1, 2],\r\n "b\\\\": "x"}', " 7 ", '"s"', "null"]
     q.send_many("jt", [tableq.JsonText(t) for t in texts])

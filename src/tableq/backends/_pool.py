@@ -11,7 +11,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from tableq.errors import DatabaseError
+from tableq.errors import DatabaseError, TableqError
 
 
 class Pool:
@@ -67,11 +67,12 @@ class Pool:
         if pid == os.getpid():
             self._discard(conn)
 
-    def connection(self) -> Borrowed:
-        """A connection for a with-block. It goes back to the pool unless the block raised
-        a database error (the connection may be broken or mid-transaction); any other
+    def connection(self, *, own: bool = False) -> Borrowed:
+        """A connection for a with-block. It goes back to the pool unless the block raised a
+        database error (the connection may be broken or mid-transaction) or was interrupted
+        (see `interrupted`; `own`: the block runs only tableq's own statements). Any other
         exception was raised by code that used a healthy connection."""
-        return Borrowed(self)
+        return Borrowed(self, own)
 
     def _stale(self, conn: Any) -> bool:
         """An idle connection whose socket is readable was closed by the server (restart,
@@ -103,10 +104,10 @@ class Borrowed:
     """Pool.connection()'s context manager: a class, not a generator, as every statement a
     backend runs on its own passes through it (about half the cost)."""
 
-    __slots__ = ("conn", "pid", "pool")
+    __slots__ = ("conn", "own", "pid", "pool")
 
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
+    def __init__(self, pool: Pool, own: bool) -> None:
+        self.pool, self.own = pool, own
 
     def __enter__(self) -> Any:
         self.pid = os.getpid()
@@ -117,11 +118,21 @@ class Borrowed:
                  tb: TracebackType | None) -> None:
         if kind is None:
             healthy = True
-        elif issubclass(kind, DatabaseError):
+        elif issubclass(kind, DatabaseError) or interrupted(kind, own=self.own):
             healthy = False
         else:
             healthy = not _is_driver_error(self.conn)
         self.pool.release(self.conn, healthy=healthy, pid=self.pid)
+
+
+def interrupted(kind: type[BaseException], *, own: bool) -> bool:
+    """Whether an exception may have left its connection mid-statement: a result half read,
+    a command still in flight. An interrupt (KeyboardInterrupt, SystemExit) can land anywhere;
+    in a block that runs only tableq's own statements (`own`) so can any exception tableq did
+    not raise on purpose (a value that fails to decode, a bug). Such a connection is closed,
+    which rolls its transaction back, and is neither rolled back by a statement nor reused:
+    PyMySQL would read the interrupted statement's result as the next one's."""
+    return not issubclass(kind, Exception) or (own and not issubclass(kind, TableqError))
 
 
 def _is_driver_error(conn: Any) -> bool:

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
-from tableq.backends._pool import Pool
+from tableq.backends._pool import Pool, interrupted
 from tableq.backends._queries import Migration, Queries, apply_pending
 from tableq.backends.base import (
     RETRY_ATTEMPTS,
@@ -267,9 +267,10 @@ class SqlBackend(Backend):
             retrying(lambda: self._guarded(self._begin, conn), attempts=self.retry_attempts)
             try:
                 yield conn
-            except BaseException:
-                self._guarded(self._rollback, conn)
-                self._give_back(conn)
+            except BaseException as exc:
+                if not interrupted(type(exc), own=False):  # else the pool closes it: rolled back
+                    self._guarded(self._rollback, conn)
+                    self._give_back(conn)
                 raise
             self._guarded(self._commit, conn)
             self._give_back(conn)

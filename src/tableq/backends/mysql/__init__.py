@@ -19,7 +19,7 @@ from pymysql.constants import CLIENT, FIELD_TYPE, SERVER_STATUS
 from pymysql.converters import conversions, convert_datetime, escape_string
 from pymysql.cursors import DictCursor
 
-from tableq.backends._pool import Pool
+from tableq.backends._pool import Pool, interrupted
 from tableq.backends._queries import Migration, load_migrations, load_queries
 from tableq.backends.base import (
     Charged,
@@ -226,7 +226,7 @@ class MySQLBackend(SqlBackend):
         self.mariadb = mariadb
 
     def _attempt(self, fn: Callable[[Cursor], T], *, tx: bool, write: bool) -> T:
-        with self.pool.connection() as c, self.map_errors():
+        with self.pool.connection(own=True) as c, self.map_errors():
             if not tx:
                 with c.cursor(DictCursor) as cur:
                     return fn(cur)
@@ -236,8 +236,9 @@ class MySQLBackend(SqlBackend):
                     result = fn(cur)
                 c.commit()
                 return result
-            except BaseException:
-                c.rollback()
+            except BaseException as exc:
+                if not interrupted(type(exc), own=True):  # else closing it rolls back
+                    c.rollback()
                 raise
 
     def _cursor(self, conn: Any) -> AbstractContextManager[Cursor]:

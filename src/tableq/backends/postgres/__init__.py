@@ -272,7 +272,7 @@ class PostgresBackend(SqlBackend):
                 locked.append(True)
             else:
                 refused.append(diag.message_primary or "")
-        with self.pool.connection() as c, self.map_errors():
+        with self.pool.connection(own=True) as c, self.map_errors():
             c.add_notice_handler(notice)
             try:
                 c.execute(self.Q.message_vacuum)
@@ -308,7 +308,7 @@ class PostgresBackend(SqlBackend):
             return conn
 
     def _attempt(self, fn: Callable[[Cursor], T], *, tx: bool, write: bool) -> T:
-        with self.pool.connection() as c, self.map_errors():
+        with self.pool.connection(own=True) as c, self.map_errors():
             if tx:
                 with c.transaction(), c.cursor(row_factory=dict_row) as cur:
                     return fn(cur)
@@ -659,7 +659,7 @@ class PostgresBackend(SqlBackend):
                                                         params, "id"), conn))
 
         def once() -> int:
-            with (self.pool.connection() as c, self.map_errors(),
+            with (self.pool.connection(own=True) as c, self.map_errors(),
                   c.cursor(row_factory=tuple_row) as cur):
                 row = cur.execute(self.Q.message_insert_due, params).fetchone()
             if row is None:

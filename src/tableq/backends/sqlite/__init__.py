@@ -210,7 +210,7 @@ class SQLiteBackend(SqlBackend):
         (several statements that must see one state), else statement by statement."""
         if write:
             self._refuse_while_held("write on another connection")
-        with self.pool.connection() as c, self.map_errors():
+        with self.pool.connection(own=True) as c, self.map_errors():
             if not (tx or write):
                 return fn(c)
             c.execute(self.Q.tx_begin_write if write else self.Q.tx_begin_read)
