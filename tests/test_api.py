@@ -1041,16 +1041,18 @@ def test_pool_keeps_a_connection_after_a_foreign_exception_only_while_it_is_open
     assert _is_driver_error(conn)
 
 
-def _send_without_reading(conn: Any, dialect: str) -> None:
+def _send_without_reading(conn: Any, dialect: str) -> Any:
     """Sends a statement and leaves its result unread on a driver connection, as an interrupt
-    landing between the driver's send and its read does."""
-    if dialect == "postgres":
-        conn.pgconn.send_query(b"SELECT 424242 AS id")
+    landing between the driver's send and its read does (on SQLite, in-process, nothing can
+    be left half read: the statement's cursor is returned, open)."""
+    if dialect == "postgres":  # slow: its reply must not reach the socket before the pool's
+        conn.pgconn.send_query(b"SELECT 424242 AS id FROM pg_sleep(0.3)")  # readable check
     elif dialect == "mysql":
         from pymysql.constants import COMMAND
         conn._execute_command(COMMAND.COM_QUERY, "SELECT 424242 AS id")
     else:
-        conn.execute("SELECT 424242 AS id")  # in-process: nothing can be left half read
+        return conn.execute("SELECT 424242 AS id")
+    return None
 
 
 def test_an_interrupt_mid_statement_leaves_no_half_read_connection_in_the_pool(
@@ -1088,6 +1090,59 @@ def test_an_interrupt_mid_statement_leaves_no_half_read_connection_in_the_pool(
         assert [m.payload for m in got] == [0]  # the block's send was rolled back
         q.ack_many(got)
         assert q.stats("hr")[0].live == 0
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_transaction_block_that_leaves_a_statement_unread_is_rolled_back_and_not_pooled(
+    db_url: str, error: type[BaseException],
+) -> None:
+    """Found by review: on MySQL, after an ordinary exception, the block's rollback read the
+    unread statement's reply as its own and the connection was pooled one reply behind (sends
+    then returned the previous statement's id); on PostgreSQL it was pooled still inside the
+    block's transaction, holding the received message's lock, and the next sends on it were
+    never committed; on SQLite an interrupt whose traceback kept the block's cursor alive left
+    the write lock held (the connection was closed, not rolled back)."""
+    one = {} if db_url.startswith("sqlite") else {"pool_size": 1}
+    with tableq.connect(db_url, migrate=True, **one) as q, tableq.connect(db_url) as other:
+        q.send("ur", "job")
+        kept: list[BaseException] = []
+        with pytest.raises(error, match="mid-statement"):
+            with q.transaction() as tx:
+                (m,) = tx.receive("ur", max=1)
+                tx.send("ur", "in the block")
+                pending = _send_without_reading(tx.connection, q.dialect)  # noqa: F841 - alive
+                try:
+                    raise error("mid-statement")
+                except BaseException as exc:
+                    kept.append(exc)  # its traceback keeps the block's frame (and cursor) alive
+                    raise
+        ids = [q.send("ur", f"after {i}").id for i in range(3)]
+        assert other.stats("ur")[0].live == 4  # the sends committed; the block's did not
+        # The block's lock on "job" lasts until its server notices the closed connection
+        # (PostgreSQL: when the statement left in flight ends).
+        got: list[tableq.Message] = []
+        wait_until(lambda: got.extend(other.receive("ur", max=10)) or len(got) == 4, timeout=5)
+        got.sort(key=lambda x: x.id)
+        assert [x.payload for x in got] == ["job", "after 0", "after 1", "after 2"]
+        assert [x.id for x in got] == [m.id, *ids]
+        assert got[0].attempts == 1  # the block's receive was rolled back with it
+        other.ack_many(got)
+
+
+def test_a_batch_ack_that_finds_a_lease_lost_keeps_its_connection(db_url: str) -> None:
+    """The batch ack's rollback when some lease is lost is tableq's own control flow, not an
+    interruption: its connection stays pooled (the first version of the interrupt rule closed
+    it on MariaDB, one reconnect per such ack)."""
+    one = {} if db_url.startswith("sqlite") else {"pool_size": 1}
+    with tableq.connect(db_url, migrate=True, **one) as q:
+        q.send_many("al", [0, 1, 2])
+        got = q.receive("al", max=3)
+        got[1].nack()
+        before = list(q._backend.pool._idle)
+        with pytest.raises(LeaseLost):
+            q.ack_many(got)
+        assert q._backend.pool._idle == before
+        assert [m.payload for m in q.peek("al")] == [1]
 
 
 def test_the_pool_closes_a_connection_after_an_exception_tableq_did_not_raise_on_purpose(

@@ -125,6 +125,12 @@ class Borrowed:
         self.pool.release(self.conn, healthy=healthy, pid=self.pid)
 
 
+class Deliberate(Exception):  # noqa: N818 - a marker, not an error users see
+    """Raised on purpose by tableq's own code inside a pooled block once its statements are
+    complete (control flow, such as a batch ack that finds a lease lost): the connection is
+    in step, so `interrupted` does not count it."""
+
+
 def interrupted(kind: type[BaseException], *, own: bool) -> bool:
     """Whether an exception may have left its connection mid-statement: a result half read,
     a command still in flight. An interrupt (KeyboardInterrupt, SystemExit) can land anywhere;
@@ -132,7 +138,8 @@ def interrupted(kind: type[BaseException], *, own: bool) -> bool:
     not raise on purpose (a value that fails to decode, a bug). Such a connection is closed,
     which rolls its transaction back, and is neither rolled back by a statement nor reused:
     PyMySQL would read the interrupted statement's result as the next one's."""
-    return not issubclass(kind, Exception) or (own and not issubclass(kind, TableqError))
+    return not issubclass(kind, Exception) or (
+        own and not issubclass(kind, (TableqError, Deliberate)))
 
 
 def _is_driver_error(conn: Any) -> bool:

@@ -42,7 +42,7 @@ from tableq.backends.base import (
     shape_row,
     token_record,
 )
-from tableq.errors import DuplicateMessage, InvalidArgument, LoadIncomplete
+from tableq.errors import DatabaseError, DuplicateMessage, InvalidArgument, LoadIncomplete
 from tableq.message import PRIORITY_MAX, PRIORITY_MIN
 from tableq.stats import (
     EXACT_SPAN,
@@ -91,6 +91,9 @@ class SqlBackend(Backend):
     test_clock: bool = False
     # How many times a short transaction is tried on a transient conflict.
     retry_attempts: ClassVar[int] = RETRY_ATTEMPTS
+    # The database runs in this process (SQLite): no reply can be left unread on the wire, so
+    # an interrupted transaction() is rolled back, not left to closing the connection.
+    in_process: ClassVar[bool] = False
     # (id, lease) pairs per statement for charge / extend_many; None: all in one.
     refs_per_statement: ClassVar[int | None] = None
     # The driver's connection class and its name in messages (check_connection).
@@ -268,8 +271,13 @@ class SqlBackend(Backend):
             try:
                 yield conn
             except BaseException as exc:
-                if not interrupted(type(exc), own=False):  # else the pool closes it: rolled back
-                    self._guarded(self._rollback, conn)
+                # An interrupt may have come mid-statement: over a network a rollback would
+                # read (or wait for) that statement's reply as its own, so the pool closes the
+                # connection, which rolls back. Otherwise roll back here; a rollback that fails
+                # leaves the block's error the one raised, and the connection is closed.
+                if self.in_process or not interrupted(type(exc), own=False):
+                    with suppress(DatabaseError):
+                        self._guarded(self._rollback, conn)
                     self._give_back(conn)
                 raise
             self._guarded(self._commit, conn)
@@ -278,9 +286,12 @@ class SqlBackend(Backend):
     def _give_back(self, conn: Any) -> None:
         """_restore() once transaction()'s transaction has ended (before, it could commit the
         caller's work). The outcome is decided by then, so this never raises: a connection it
-        cannot restore is closed, and the pool drops it."""
+        cannot restore, or still in a transaction (its rollback failed, or read the reply of a
+        statement the block left unread), is closed, and the pool drops it."""
         try:
             self._restore(conn)
+            if self._in_transaction(conn):
+                conn.close()
         except Exception:  # noqa: BLE001 - any failure here loses the connection, nothing more
             with suppress(Exception):
                 conn.close()

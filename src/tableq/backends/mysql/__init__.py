@@ -19,7 +19,7 @@ from pymysql.constants import CLIENT, FIELD_TYPE, SERVER_STATUS
 from pymysql.converters import conversions, convert_datetime, escape_string
 from pymysql.cursors import DictCursor
 
-from tableq.backends._pool import Pool, interrupted
+from tableq.backends._pool import Deliberate, Pool, interrupted
 from tableq.backends._queries import Migration, load_migrations, load_queries
 from tableq.backends.base import (
     Charged,
@@ -159,7 +159,7 @@ def _unpacked(packed: str | None, n: int, topic: str, db_now: datetime) -> list[
     return rows
 
 
-class _NotAllHeld(Exception):
+class _NotAllHeld(Deliberate):
     """A batch ack found a lease no longer held: its one-statement form rolls back."""
 
 

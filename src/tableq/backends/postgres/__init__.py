@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -372,8 +372,17 @@ class PostgresBackend(SqlBackend):
                 yield conn
             except BaseException as exc:
                 self._restore(conn)
-                with self.map_errors():
-                    tx.__exit__(type(exc), exc, exc.__traceback__)
+                if conn.info.transaction_status == TransactionStatus.ACTIVE:
+                    # A statement in flight (interrupted mid-read): cancelled, so the server
+                    # does not run it on with the block's locks, then closed, which rolls back.
+                    with suppress(Exception):
+                        conn.cancel_safe(timeout=float(self.connect_kwargs["connect_timeout"]))
+                    conn.close()
+                else:
+                    with self.map_errors():
+                        tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+                    if conn.info.transaction_status != TransactionStatus.IDLE:
+                        conn.close()  # the rollback failed: never pooled inside a transaction
                 if conn.broken:
                     # The caller's own statement met a dead connection: say so as tableq does
                     # everywhere else (DatabaseUnavailable; nothing was committed).

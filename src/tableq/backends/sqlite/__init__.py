@@ -120,6 +120,7 @@ class _QueueConnection(sqlite3.Connection):
 class SQLiteBackend(SqlBackend):
     dialect = "sqlite"
     single_writer = True
+    in_process = True
     retry_attempts: ClassVar[int] = SQLITE_RETRIES
     refs_per_statement: ClassVar[int | None] = REFS_PER_STATEMENT
     connection_type: ClassVar[type] = sqlite3.Connection
