@@ -197,7 +197,11 @@ WHERE topic = %(topic)s AND available_at <= UTC_TIMESTAMP(6)
                AND JSON_UNQUOTE(JSON_EXTRACT(payload, f.path)) = f.text
           WHEN 'INTEGER' THEN JSON_TYPE(JSON_EXTRACT(payload, f.path))
                    IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL')
-               AND JSON_EXTRACT(payload, f.path) = CAST(f.text AS SIGNED)
+               -- MariaDB's JSON_TYPE calls 1e+16 and 1e-07 INTEGER too, and CAST reads both
+               -- as 1: only digits are read as an integer, the rest as a double.
+               AND CASE WHEN f.text REGEXP '^-?[0-9]+$'
+                        THEN JSON_EXTRACT(payload, f.path) = CAST(f.text AS SIGNED)
+                        ELSE JSON_EXTRACT(payload, f.path) = f.text + 0e0 END
           ELSE JSON_TYPE(JSON_EXTRACT(payload, f.path))
                    IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL')
                AND JSON_EXTRACT(payload, f.path) = f.text + 0e0
