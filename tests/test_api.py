@@ -1189,7 +1189,8 @@ def test_json_text_payloads_are_stored_as_given_after_a_syntax_check(q: tableq.Q
     want = [{"a": [1, 2], "b\\": "x"}, 7, "s", None]
     assert [m.payload for m in q.receive("jt", max=10)] == want
     assert [m.payload for m in q.receive("jt-staged", max=10)] == want
-    for bad in ['{"a": NaN}', '{"a": 1} {"b": 2}', "", "{'a': 1}"]:
+    for bad in ['{"a": NaN}', '{"a": 1} {"b": 2}', "", "{'a': 1}", '{"f": 1, "f": 2}',
+                '[{"g": {"f": 1, "f": 1}}]']:  # a repeated key: databases keep different ones
         with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):
             q.send("jt", tableq.JsonText(bad))
         with pytest.raises(tableq.PayloadInvalid, match="not JSON text"):

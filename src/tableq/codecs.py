@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -222,8 +223,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all different: with a key twice, PostgreSQL keeps the last
+    value and filters on it, MariaDB and SQLite keep both and filter on the first, and
+    Python reads the last, so a filtered receive could deliver what its filter excluded."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        twice = next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+        raise ValueError(f"the key {twice[:40]!r} appears twice in one object; keep one")
+    return obj
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float,
+                                   object_pairs_hook=_unique_keys)
 # Cheap screens before the slower exact checks: a number that may overflow a double (an
 # exponent of 3 or more digits, or 300 digits in a row), an escaped surrogate (\udXXX).
 _MAYBE_HUGE = re.compile(r"[eE][+]?0*[1-9][0-9]{2}|[0-9]{300}")
