@@ -291,3 +291,63 @@ def test_an_option_of_another_database_is_invalid_argument(db_url: str) -> None:
                                                      f"{dialect} queue; its options are: "):
         tableq.connect(db_url, **{wrong[dialect]: False})
 
+
+@pytest.mark.parametrize("options", [
+    {"pool_size": 0}, {"pool_size": -1}, {"pool_size": "5"}, {"pool_size": 10**6},
+    {"connect_timeout_s": 0}, {"connect_timeout_s": -1}, {"connect_timeout_s": float("nan")},
+    {"transaction_idle_timeout_s": -5}, {"transaction_idle_timeout_s": 1e12},
+    {"transaction_idle_timeout_s": float("nan")}, {"transaction_idle_timeout_s": "300"},
+    {"busy_timeout_s": -1}, {"busy_timeout_s": float("nan")}, {"busy_timeout_s": "x"},
+    {"synchronous": ""}, {"synchronous": 2},
+])
+def test_backend_options_no_database_takes_are_refused_by_connect(db_url: str,
+                                                                 options: dict) -> None:
+    """Found by review: these were accepted by connect() and then leaked ValueError or
+    TypeError, failed on first use with the driver's wording, or silently meant another
+    setting (a pool of 0, synchronous='' as FULL). An option the dialect does not have is
+    refused as before; a bad value of one it has is an InvalidArgument naming it."""
+    (name,) = options
+    with pytest.raises(tableq.InvalidArgument, match=name):
+        tableq.connect(db_url, **options)
+
+
+@pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)  # SQLite: no server
+def test_a_zero_transaction_idle_timeout_is_no_limit_on_every_server(db_url: str) -> None:
+    """0 turns the limit off (it was 1 second on MariaDB and off on PostgreSQL)."""
+    import time
+
+    with tableq.connect(db_url, migrate=True, transaction_idle_timeout_s=0) as q:
+        with q.transaction() as tx:
+            tx.send("idle0", 1)
+            time.sleep(1.6)  # past the 1 second MariaDB made of 0
+            tx.send("idle0", 2)
+        assert q.stats("idle0")[0].ready == 2
+
+
+def test_many_calls_take_lists_or_iterables_of_messages(q: tableq.Queue) -> None:
+    for bad in (None, 5, "ab", {"a": 1}):
+        with pytest.raises(tableq.InvalidArgument, match="send_many takes a list"):
+            q.send_many("lists", bad)  # type: ignore[arg-type]
+        with pytest.raises(tableq.InvalidArgument, match="ack_many takes a list"):
+            q.ack_many(bad)  # type: ignore[arg-type]
+        with pytest.raises(tableq.InvalidArgument, match="heartbeat_many takes a list"):
+            q.heartbeat_many(bad)  # type: ignore[arg-type]
+    q.send_many("lists", [1, 2, 3])
+    got = q.receive("lists", max=3)
+    q.release(got[1])
+    with pytest.raises(tableq.LeaseLost):  # a generator is read once, and the lost one found
+        q.ack_many(m for m in got)
+    assert [m.payload for m in q.receive("lists", max=3)] == [2]
+
+
+def test_a_due_time_whose_zone_has_no_offset_is_refused_like_a_naive_one(
+    q: tableq.Queue,
+) -> None:
+    from datetime import datetime, tzinfo
+
+    class NoOffset(tzinfo):
+        def utcoffset(self, dt):  # type: ignore[no-untyped-def]
+            return None
+
+    with pytest.raises(tableq.InvalidArgument, match="timezone-aware"):
+        q.send("zone", 1, at=datetime(2030, 1, 1, tzinfo=NoOffset()))

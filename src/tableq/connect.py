@@ -11,7 +11,13 @@ from typing import Any
 from tableq.backends.base import Backend
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES
 from tableq.errors import InvalidArgument, MissingDriver
-from tableq.queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_VISIBILITY_TIMEOUT_S, Queue
+from tableq.queue import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_VISIBILITY_TIMEOUT_S,
+    Queue,
+    _positive_int,
+    seconds,
+)
 from tableq.url import DEFAULT_URL, DatabaseURL, parse_url
 
 _DRIVERS = {
@@ -36,7 +42,34 @@ def open_backend(url: DatabaseURL, **options: Any) -> Backend:
         raise InvalidArgument(
             f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'}"
             f" of a {url.dialect} queue; its options are: {shown}")
-    return backend_cls(url, **options)  # type: ignore[no-any-return]
+    return backend_cls(url, **_checked(options))  # type: ignore[no-any-return]
+
+
+POOL_SIZE_MAX = 10_000
+# PostgreSQL's idle_in_transaction_session_timeout holds at most 2^31 - 1 milliseconds.
+IDLE_TIMEOUT_MAX_S = 2_147_483
+
+
+def _checked(options: dict[str, Any]) -> dict[str, Any]:
+    """The backend options that mean the same on every database, checked here once: a value
+    no backend would take is an InvalidArgument from connect(), not a driver error (or a
+    silently different setting) on first use."""
+    out = dict(options)
+    if "pool_size" in out:
+        out["pool_size"] = _positive_int("pool_size", out["pool_size"], POOL_SIZE_MAX)
+    for name in ("connect_timeout_s", "busy_timeout_s"):
+        if name in out:
+            out[name] = seconds(name, out[name], 0.0)
+            if out[name] <= 0:
+                raise InvalidArgument(f"{name} must be more than 0 seconds, not {out[name]}")
+    if "transaction_idle_timeout_s" in out:
+        idle = out["transaction_idle_timeout_s"] = seconds(
+            "transaction_idle_timeout_s", out["transaction_idle_timeout_s"], 0.0)
+        if idle > IDLE_TIMEOUT_MAX_S:
+            raise InvalidArgument(
+                f"transaction_idle_timeout_s must be at most {IDLE_TIMEOUT_MAX_S:,} seconds "
+                f"(about 24 days), not {idle:g}; 0 turns the limit off")
+    return out
 
 
 def connect(
@@ -61,10 +94,10 @@ def connect(
     `pool_size`, `connect_timeout_s` (10; `?connect_timeout=` in the URL wins), and
     `transaction_idle_timeout_s` (300: the server rolls
     back a transaction of the library's, such as a queue.transaction(), left idle that long,
-    releasing its locks; not on MySQL 8); PostgreSQL `vacuum` (True: the queue vacuums its
-    message table itself, paced by how many rows it churned, since autovacuum comes at most
-    once a minute; False leaves it to autovacuum). A URL parameter the database does not take
-    (a misspelled ?schema=, say) is an InvalidURL naming the ones it takes.
+    releasing its locks; 0: no limit; not on MySQL 8); PostgreSQL `vacuum` (True: the queue
+    vacuums its message table itself, paced by how many rows it churned, since autovacuum
+    comes at most once a minute; False leaves it to autovacuum). A URL parameter the database
+    does not take (a misspelled ?schema=, say) is an InvalidURL naming the ones it takes.
     `test_clock=True` is for tests only: the queue's clock stands still in a small test_clock
     table (created by migrate) and moves only by tableq.testing.advance_clock()."""
     queue = Queue(

@@ -137,6 +137,17 @@ def _positive_int(what: str, value: object, upper: int | None = None) -> int:
     return value
 
 
+def _message_list(msgs: object, action: str) -> Sequence[Any]:
+    """The messages of an *_many call as a sequence, read more than once (a generator would
+    be spent by the first pass)."""
+    if isinstance(msgs, (list, tuple)):
+        return msgs
+    if isinstance(msgs, (str, bytes, Mapping)) or not isinstance(msgs, Iterable):
+        raise InvalidArgument(f"{action}_many takes a list of the Messages to {action}, not "
+                              f"{shown(msgs)}; for one message use {action}()")
+    return list(msgs)
+
+
 def _priority(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"priority must be a whole number, not {value!r}")
@@ -149,7 +160,7 @@ def check_at(value: object) -> datetime | None:
     """A due time (at=, before=): timezone-aware, within a century, returned in UTC."""
     if value is None:
         return None
-    if not isinstance(value, datetime) or value.tzinfo is None:
+    if not isinstance(value, datetime) or value.utcoffset() is None:
         raise InvalidArgument(
             "at= must be a timezone-aware datetime, e.g. datetime.now(timezone.utc) + "
             "timedelta(minutes=5); a naive datetime is ambiguous"
@@ -401,7 +412,7 @@ class Queue:
         is a payload, or a dict with "payload" and any of key, kind, headers, priority, delay,
         at (which override the call's defaults). All are validated before anything is sent."""
         check_topic(topic)
-        if isinstance(items, (str, bytes, bytearray, Mapping)):
+        if isinstance(items, (str, bytes, bytearray, Mapping)) or not isinstance(items, Iterable):
             # Iterable, but surely not a list of payloads: characters, bytes or dict keys
             # would each become a message.
             raise InvalidArgument(f"send_many takes a list (or other iterable) of payloads, "
@@ -614,6 +625,7 @@ class Queue:
     def ack_many(self, msgs: Sequence[Message], *, connection: Any = None) -> None:
         """Acks many messages in one statement. Those whose lease was lost raise LeaseLost
         (for the first of them) after the others were acked."""
+        msgs = _message_list(msgs, "ack")
         refs = [self._leased(m, "ack") for m in msgs]
         if not refs:
             return
@@ -690,6 +702,7 @@ class Queue:
         """Extends many leases in one statement. Returns the messages still held, with their
         new lease expiry; the ones missing from the result had lost their lease (nothing was
         changed for them)."""
+        msgs = _message_list(msgs, "heartbeat")
         refs = [self._leased(m, "heartbeat") for m in msgs]
         if not refs:
             return []

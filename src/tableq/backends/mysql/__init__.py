@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import operator
 import uuid
 from collections.abc import Callable, Sequence
@@ -182,7 +183,9 @@ class MySQLBackend(SqlBackend):
             "autocommit": True, "cursorclass": DictCursor, "conv": CONVERSIONS,
             "connect_timeout": url.connect_timeout(connect_timeout_s),
         }
-        self.transaction_idle_s = max(1, int(transaction_idle_timeout_s))
+        # Whole seconds on MariaDB, 0 for no limit as on PostgreSQL.
+        self.transaction_idle_s = (0 if not transaction_idle_timeout_s
+                                   else max(1, math.ceil(transaction_idle_timeout_s)))
         self.migration_lock_wait_s = MIGRATION_LOCK_WAIT_S
         self.mariadb: bool | None = None
         self.packet_limit: int | None = None  # the server's max_allowed_packet

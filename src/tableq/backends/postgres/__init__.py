@@ -236,7 +236,8 @@ class PostgresBackend(SqlBackend):
         for name in LIBPQ_PARAMS:
             if name in url.params:  # libpq's own, passed through
                 self.connect_kwargs[name] = url.params[name]
-        self.transaction_idle_ms = str(int(transaction_idle_timeout_s * 1000))
+        self.transaction_idle_ms = str(0 if not transaction_idle_timeout_s  # 0: no limit
+                                       else max(1, round(transaction_idle_timeout_s * 1000)))
         self._checked = False
         self.pool = Pool(self._connect, lambda c: c.close(), max_idle=pool_size,
                          socket_of=lambda c: c.fileno())

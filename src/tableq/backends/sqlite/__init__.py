@@ -130,7 +130,8 @@ class SQLiteBackend(SqlBackend):
                  busy_timeout_s: float = 10.0, test_clock: bool = False) -> None:
         # The keyword, else the URL's ?synchronous= (the only way from the command line),
         # else FULL.
-        sync = str(synchronous or url.params.get("synchronous") or "FULL").upper()
+        sync = str(synchronous if synchronous is not None
+                   else url.params.get("synchronous") or "FULL").upper()
         if sync not in SYNCHRONOUS:
             raise InvalidArgument("synchronous must be FULL, NORMAL or EXTRA (the connect() "
                                   "option or ?synchronous= in a SQLite URL)")
