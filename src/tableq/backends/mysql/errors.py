@@ -6,6 +6,7 @@ import pymysql
 
 from tableq.backends.base import ErrorBoundary, TransientError, UniqueViolation
 from tableq.errors import (
+    SERVER_ADVICE,
     DatabaseError,
     DatabaseUnavailable,
     SchemaNotMigrated,
@@ -21,6 +22,12 @@ DUPLICATE_ENTRY = 1062
 NO_SUCH_TABLE, NO_SUCH_COLUMN = 1146, 1054  # a missing column means an older schema too
 # 1053: the server is shutting down; 1927: the connection was killed.
 CONNECTION_LOST = {1053, 2003, 2006, 2013, 2055, 1927, 4031}
+# The connection was closed under a statement: a server stop, a kill, or the server's
+# idle_transaction_timeout, which MariaDB reports no differently (4031 only on some versions).
+GONE = {2006, 2013, 4031}
+GONE_ADVICE = (f"{SERVER_ADVICE}; inside queue.transaction(), the server also ends this way a "
+               "transaction left idle longer than transaction_idle_timeout_s (nothing of it "
+               "was committed)")
 TABLE_FULL, DISK_FULL = 1114, 1021
 PACKET_TOO_LARGE = 1153
 ACCESS_DENIED = {1045, 1698}  # wrong user or password; 1698: root allowed via the socket only
@@ -57,6 +64,8 @@ def _mapped(exc: pymysql.MySQLError, where: str) -> Exception:
             f"the server at {where} refused a statement larger than its max_allowed_packet; "
             "send smaller batches or raise max_allowed_packet"
         )
+    if code in GONE:
+        return DatabaseUnavailable(where, text, GONE_ADVICE)
     if code in CONNECTION_LOST or isinstance(exc, pymysql.err.OperationalError) and (
         code is None or code >= 2000
     ):
