@@ -351,3 +351,24 @@ def test_a_due_time_whose_zone_has_no_offset_is_refused_like_a_naive_one(
 
     with pytest.raises(tableq.InvalidArgument, match="timezone-aware"):
         q.send("zone", 1, at=datetime(2030, 1, 1, tzinfo=NoOffset()))
+
+
+def test_bulk_calls_refuse_arguments_of_the_wrong_shape(q: tableq.Queue) -> None:
+    """Found by review: these leaked ValueError or TypeError, publish_staged's expected_rows
+    of "1" or -1 came back as LoadIncomplete, and accept_kinds("abc") registered the kinds
+    a, b and c."""
+    bulk = Bulk(q)
+    cases = {
+        "share": lambda: bulk.leased_messages("t", "job", share=None),  # type: ignore[arg-type]
+        "share ": lambda: bulk.leased_messages("t", "job", share=(1,)),  # type: ignore[arg-type]
+        "ids": lambda: bulk.leased_messages("t", "job", ids=(1,)),  # type: ignore[arg-type]
+        "part numbers": lambda: bulk.publish_staged("job", 5),  # type: ignore[arg-type]
+        "expected_rows": lambda: bulk.publish_staged("job", [0], expected_rows="1"),  # type: ignore[arg-type]
+        "expected_rows ": lambda: bulk.publish_staged("job", [0], expected_rows=-1),
+        "kind names": lambda: bulk.accept_kinds("abc"),
+        "kind names ": lambda: bulk.accept_kinds(None),  # type: ignore[arg-type]
+    }
+    for what, call in cases.items():
+        with pytest.raises(tableq.InvalidArgument, match=what.strip()):
+            call()
+    assert "a" not in q._kinds.names()

@@ -69,6 +69,13 @@ class Bulk:
         crash: fewer or more raise LoadIncomplete and nothing is published."""
         if on_duplicate not in ("ignore", "replace"):
             raise InvalidArgument("publish_staged takes on_duplicate='ignore' or 'replace'")
+        if isinstance(parts, (str, bytes)) or not isinstance(parts, Iterable):
+            raise InvalidArgument(f"publish_staged takes a list of part numbers, not "
+                                  f"{shown(parts)}")
+        if expected_rows is not None and (isinstance(expected_rows, bool) or not isinstance(
+                expected_rows, int) or expected_rows < 0):
+            raise InvalidArgument(f"expected_rows must be a whole number >= 0 (the rows the "
+                                  f"writers reported staging), not {shown(expected_rows)}")
         return backend_of(self.queue).stage_publish(check_token(job), [_part(p) for p in parts],
                                               on_duplicate, expected_rows)
 
@@ -89,6 +96,8 @@ class Bulk:
         """Registers, without codecs, each of `kinds` the queue does not know yet: the sink
         passes payloads through unchanged, and the queue refuses kinds it has not seen
         registered."""
+        if isinstance(kinds, (str, bytes)) or not isinstance(kinds, Iterable):
+            raise InvalidArgument(f"accept_kinds takes a list of kind names, not {shown(kinds)}")
         registry = self.queue._kinds
         known = set(registry.names())
         for kind in set(kinds) - known:
@@ -192,6 +201,10 @@ class Bulk:
 def _group(topic: str, lease: str, ids: tuple[int, int] | None,
            share: tuple[int, int] = (0, 1)) -> GroupLease:
     check_topic(topic)
+    if not isinstance(share, (tuple, list)) or len(share) != 2:
+        raise InvalidArgument(f"share must be (k, n), a pair, not {shown(share)}")
+    if ids is not None and (not isinstance(ids, (tuple, list)) or len(ids) != 2):
+        raise InvalidArgument(f"ids must be (lowest id, highest id), a pair, not {shown(ids)}")
     k, n = share
     if isinstance(n, bool) or not isinstance(n, int) or not isinstance(k, int) \
             or not 1 <= n <= INT32_MAX or not 0 <= k < n:
