@@ -372,3 +372,12 @@ def test_bulk_calls_refuse_arguments_of_the_wrong_shape(q: tableq.Queue) -> None
         with pytest.raises(tableq.InvalidArgument, match=what.strip()):
             call()
     assert "a" not in q._kinds.names()
+
+
+@pytest.mark.parametrize("options", [{"retention": "no"}, {"strict_kinds": "false"},
+                                     {"retention": 1}, {"strict_kinds": None}])
+def test_yes_no_options_take_true_or_false_only(db_url: str, options: dict) -> None:
+    """retention="no" meant True (bool("no")), and strict_kinds="false" was kept as a string."""
+    (name,) = options
+    with pytest.raises(tableq.InvalidArgument, match=f"{name} must be True or False"):
+        tableq.connect(db_url, **options)

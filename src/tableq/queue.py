@@ -137,6 +137,13 @@ def _positive_int(what: str, value: object, upper: int | None = None) -> int:
     return value
 
 
+def _flag(what: str, value: object) -> bool:
+    """A yes/no option: True or False only (the string "no" is true to bool())."""
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, not {shown(value)}")
+    return value
+
+
 def _message_list(msgs: object, action: str) -> Sequence[Any]:
     """The messages of an *_many call as a sequence, read more than once (a generator would
     be spent by the first pass)."""
@@ -191,8 +198,8 @@ class Queue:
         self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
         self.max_attempts = _positive_int("max_attempts", max_attempts, INT32_MAX)
         self.visibility_timeout_s = seconds("visibility_timeout", visibility_timeout, 30.0)
-        self.retention = bool(retention)
-        self._kinds = KindRegistry(strict=strict_kinds)
+        self.retention = _flag("retention", retention)
+        self._kinds = KindRegistry(strict=_flag("strict_kinds", strict_kinds))
         self._topic_max_attempts: dict[str, int] = {}
         # Per topic, the validated template of a send with no options (the common case).
         self._plain_templates: dict[str, NewMessage] = {}
