@@ -381,3 +381,14 @@ def test_yes_no_options_take_true_or_false_only(db_url: str, options: dict) -> N
     (name,) = options
     with pytest.raises(tableq.InvalidArgument, match=f"{name} must be True or False"):
         tableq.connect(db_url, **options)
+
+
+def test_a_where_field_given_twice_with_two_values_is_refused(q: tableq.Queue) -> None:
+    """{"f": 1, "payload": {"f": 2}} kept the second value without a word."""
+    q.send_many("twice", [{"f": 1}, {"f": 2}])
+    with pytest.raises(tableq.InvalidArgument, match="'f' twice"):
+        q.receive("twice", where={"f": 1, "payload": {"f": 2}})
+    with pytest.raises(tableq.InvalidArgument, match="'f' twice"):
+        q.receive("twice", where={"f": 1, "payload": {"f": True}})  # True == 1 in Python
+    assert [m.payload for m in q.receive("twice", where={"f": 2, "payload": {"f": 2}})] == [
+        {"f": 2}]  # the same value twice is only redundant

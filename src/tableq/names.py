@@ -149,12 +149,19 @@ def check_where(where: object) -> dict[str, Any] | None:
             if not isinstance(value, Mapping):
                 raise InvalidArgument("where['payload'] must be a dict of field: value")
             for f, v in value.items():
-                f = _check_field(f)
-                fields[f] = _check_value(f, v)
+                _add_field(fields, _check_field(f), v)
         else:
-            name = _check_field(name)
-            fields[name] = _check_value(name, value)
+            _add_field(fields, _check_field(name), value)
     return {"kind": kind, "key": key, "fields": fields}
+
+
+def _add_field(fields: dict[str, Any], name: str, value: object) -> None:
+    checked = _check_value(name, value)
+    if name in fields and (type(fields[name]), fields[name]) != (type(checked), checked):
+        # {"n": 1, "payload": {"n": 2}}: one of the two would be dropped without a word
+        raise InvalidArgument(f"where gives the field {name!r} twice, as {fields[name]!r} and "
+                              f"{checked!r}; give it once")
+    fields[name] = checked
 
 
 def _check_field(name: object) -> str:
