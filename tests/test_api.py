@@ -1029,6 +1029,24 @@ def test_connection_given_back_by_a_transaction_serves_tableq_whatever_the_calle
         assert other.stats("rf") == [] or other.stats("rf")[0].live == 0
 
 
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_json_loader_set_in_a_block_does_not_decode_tableq_payloads_later(db_url: str) -> None:
+    """psycopg's set_json_loads on the block's connection (orjson, Decimal floats) stayed on
+    the pooled connection, and tableq's later receives decoded payloads with it."""
+    import json as stdlib_json
+    from decimal import Decimal
+
+    from psycopg.types.json import set_json_loads
+
+    with tableq.connect(db_url, migrate=True, pool_size=1) as q:
+        q.send("jl", {"x": 1.5})
+        with q.transaction() as tx:
+            set_json_loads(lambda b: stdlib_json.loads(b, parse_float=Decimal), tx.connection)
+            assert tx.connection.execute("SELECT '1.5'::jsonb").fetchone()[0] == Decimal("1.5")
+        (m,) = q.receive("jl")
+        assert m.payload == {"x": 1.5} and type(m.payload["x"]) is float
+
+
 @pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
 def test_pool_keeps_a_connection_after_a_foreign_exception_only_while_it_is_open(
     db_url: str,

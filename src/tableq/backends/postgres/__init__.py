@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import set_json_loads
 
@@ -206,6 +206,26 @@ def copy_text(load_part: int, t: NewMessage,
             block = _copy_field(block).replace("\0", "\t\\N" + tail + head)
             return head + block + "\t\\N" + tail
     return "".join([head + _copy_payload(text, data) + tail for text, data in payloads])
+
+
+JSON_OIDS = (114, 3802)  # json, jsonb
+
+
+def _loads_json_as_tableq(conn: psycopg.Connection[Any]) -> bool:
+    """Whether conn reads json and jsonb with tableq's loader (psycopg makes one loader class
+    per loads function, so it is an identity check, about 1 us)."""
+    return all(conn.adapters.get_loader(oid, fmt) is _TABLEQ_JSON_LOADERS.get((oid, fmt))
+               for oid in JSON_OIDS for fmt in (Format.TEXT, Format.BINARY))
+
+
+def _tableq_json_loaders() -> dict[tuple[int, Format], Any]:
+    adapters = psycopg.adapt.AdaptersMap(psycopg.adapters)
+    set_json_loads(load_json_text, adapters)
+    return {(oid, fmt): adapters.get_loader(oid, fmt)
+            for oid in JSON_OIDS for fmt in (Format.TEXT, Format.BINARY)}
+
+
+_TABLEQ_JSON_LOADERS = _tableq_json_loaders()
 
 
 class PostgresBackend(SqlBackend):
@@ -404,6 +424,8 @@ class PostgresBackend(SqlBackend):
         # Attributes only, no round trip, so before the rollback or commit too. The caller's
         # session SETs are the caller's to undo (docs/worker.md).
         conn.row_factory, conn.cursor_factory = tuple_row, psycopg.Cursor
+        if not _loads_json_as_tableq(conn):  # the caller's set_json_loads(...) on it
+            set_json_loads(load_json_text, conn)
 
     def listener(self, topics: Collection[str] | None = None) -> PostgresListener:
         return PostgresListener(self, topics)
