@@ -7,6 +7,7 @@ import base64
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -222,6 +223,48 @@ def test_a_long_poll_whose_client_left_takes_nothing(server: Server, mode: str) 
     assert (stats.ready, stats.in_flight) == (1, 0)
     (msg,) = server.queue.receive("gone")
     assert msg.attempts == 1
+
+
+def test_an_at_most_once_receive_whose_client_leaves_during_the_take_removes_nothing(
+    server: Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: the take deleted the messages, and a client that timed out while it
+    ran got nothing (1,000 messages gone). Now they are claimed and removed in one
+    transaction, which rolls back when the client has left by the time they are in hand."""
+    from tableq.server import api
+    from tableq.transaction import Transaction
+
+    token = server.token("consumer", ["leave"])
+    server.queue.send_many("leave", list(range(50)))
+    claimed, ended = threading.Event(), threading.Event()
+    real_receive, real_take = Transaction.receive, api.take_while_connected
+
+    def take(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_take(*args, **kwargs)
+        finally:
+            ended.set()
+
+    def slow_receive(self: Transaction, *args: Any, **kwargs: Any) -> Any:
+        got = real_receive(self, *args, **kwargs)
+        claimed.set()
+        time.sleep(1.0)  # the client times out meanwhile
+        return got
+
+    monkeypatch.setattr(Transaction, "receive", slow_receive)
+    monkeypatch.setattr(api, "take_while_connected", take)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=0.5) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/v1/topics/leave/receive", json={"max": 50, "mode": "at_most_once"})
+    assert claimed.wait(5) and ended.wait(10)
+    assert server.queue.stats("leave")[0].ready == 50
+    monkeypatch.setattr(Transaction, "receive", real_receive)
+    with server.client(token) as c:  # a client that stays gets them, removed, once
+        got = c.post("/v1/topics/leave/receive", json={"max": 50, "mode": "at_most_once"})
+    msgs = got.json()["messages"]
+    assert [x["payload"] for x in msgs] == list(range(50))
+    assert all(x["lease"] is None and x["attempts"] == 1 for x in msgs)
+    assert server.queue.stats("leave") == [] or server.queue.stats("leave")[0].live == 0
 
 
 def test_errors_are_json_with_codes_and_no_tracebacks(server: Server,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio.from_thread
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -45,6 +46,9 @@ log = logging.getLogger("tableq.server")
 
 bearer = HTTPBearer(auto_error=False, description="A token from `tableq token create`.")
 IDEMPOTENCY_KEY = re.compile(r"^[!-~]{1,255}$")
+# How long an at-most-once receive holds its messages between claiming and removing them
+# (milliseconds, in one transaction; the lease only matters if that transaction stalls).
+AT_MOST_ONCE_HOLD_S = 60.0
 TOKEN_QUERY_NAMES = ("token", "access_token", "api_key", "apikey", "auth", "authorization")
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": m.ErrorOut, "description": text} for code, text in (
@@ -281,11 +285,41 @@ async def receive(request: Request, topic: TopicPath, body: m.ReceiveIn, p: Call
     where = body.where.model_dump(exclude_none=True) if body.where else None
 
     def take() -> list[Message]:
+        if body.mode == "at_most_once":
+            return take_while_connected(request, st.queue, topic, body.max, where,
+                                        body.max_attempts)
         return st.queue.receive(topic, max=body.max, visibility_timeout=body.visibility_timeout,
                                 where=where, mode=body.mode, max_attempts=body.max_attempts)
 
     msgs = await long_poll(request, st, topic, body.wait_s, take)
     return {"messages": [message_out(x) for x in msgs]}
+
+
+class _ClientGone(Exception):  # noqa: N818 - control flow: rolls the take back
+    pass
+
+
+def take_while_connected(request: Request, queue: Queue, topic: str, max: int,
+                         where: Any, max_attempts: int | None) -> list[Message]:
+    """An at-most-once receive whose messages are removed only if the client is still there
+    once they are in hand: leased and acked in one transaction, which rolls back (leaving
+    them untouched) when the client went away during the claim. What is lost is only what a
+    client loses after the answer exists. Runs in a worker thread (run_in_threadpool)."""
+    msgs: list[Message] = []
+    try:
+        with queue.transaction() as tx:
+            msgs = tx.receive(topic, max=max, where=where, visibility_timeout=AT_MOST_ONCE_HOLD_S,
+                              max_attempts=max_attempts)
+            if msgs:
+                gone: bool = anyio.from_thread.run(request.is_disconnected)
+                if gone:
+                    raise _ClientGone
+                queue.ack_many(msgs, connection=tx.connection)
+    except _ClientGone:
+        log.info("tableq.server.at_most_once_untaken topic=%s messages=%d (the client left)",
+                 topic, len(msgs))
+        return []
+    return [dataclasses.replace(x, lease=None) for x in msgs]
 
 
 async def long_poll(request: Request, st: ServerState, topic: str, wait_s: float,
