@@ -670,10 +670,10 @@ class Queue:
         connection=, it happens only if the caller's transaction on it commits."""
         self._release(msg, delay, error, penalty=True, action="nack", connection=connection)
 
-    def release(self, msg: Message) -> None:
-        """Gives the message back at once without charging the attempt (for messages fetched
-        but never started, as on shutdown)."""
-        self._release(msg, None, None, penalty=False, action="release")
+    def release(self, msg: Message, *, delay: float | timedelta | None = None) -> None:
+        """Gives the message back without charging the attempt (for messages fetched but
+        never started, as on shutdown), due at once or after `delay` seconds."""
+        self._release(msg, delay, None, penalty=False, action="release")
 
     def _release(self, msg: Message, delay: Any, error: str | None, *, penalty: bool,
                  action: str, connection: Any = None) -> None:

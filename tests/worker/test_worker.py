@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections import Counter
@@ -533,6 +534,67 @@ def test_burst_waits_for_its_own_retries(make_app):
     assert runs == {n: 3 for n in range(5)}
     assert app.queue.stats("transient")[0].live == 0
     assert worker.stats["retried"] == 10 and worker.stats["acked"] == 5
+
+
+@pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
+def test_a_burst_leaves_a_retry_the_handler_scheduled_itself_for_later(make_app, mode,
+                                                                      caplog):
+    """A handler's own message.nack(delay=...) is a decision to try later, like a send with
+    a delay: the burst worker does not wait for it (docs/worker.md). Its retried line says
+    when it is due (delay_s was missing for a handler's nack)."""
+    app = make_app()
+    runs: list[int] = []
+
+    @app.handler("self-retry", mode=mode)
+    def handle(message):
+        runs.append(message.attempts)
+        message.nack(delay=300, error="try later")
+
+    app.queue.send("self-retry", 1)
+    worker = app.worker(burst=True)
+    caplog.set_level(logging.INFO, logger="tableq")
+    started = time.monotonic()
+    run_burst(worker)
+    assert time.monotonic() - started < 30 and runs == [1]
+    assert app.queue.stats("self-retry")[0].scheduled == 1
+    (line,) = [r.fields for r in caplog.records if getattr(r, "event", None) == "retried"]
+    assert line["delay_s"] == 300 and line["settled_by"] == "handler"
+
+
+def test_a_message_whose_lease_lapsed_here_is_not_started_twice_in_this_worker(make_app,
+                                                                               caplog):
+    """Found by review: with its heartbeat stuck, a worker fetched the message it was still
+    running and ran it a second time beside the first. The new delivery now goes back
+    (uncharged, after a visibility timeout) with a warning, and runs once the first ends."""
+    app = make_app()
+    spans: list[tuple[int, float, float]] = []
+    unstick = threading.Event()
+
+    @app.handler("stuck", visibility_timeout=1)
+    def handle(message):
+        started = time.monotonic()
+        time.sleep(2.5 if message.attempts == 1 else 0)
+        spans.append((message.attempts, started, time.monotonic()))
+
+    real = app.queue.heartbeat_many
+
+    def stuck(msgs, **kw):  # a heartbeat that cannot get through
+        unstick.wait(30)
+        return real(msgs, **kw)
+
+    app.queue.heartbeat_many = stuck
+    app.queue.send("stuck", 1)
+    worker = app.worker()
+    caplog.set_level(logging.WARNING, logger="tableq")
+    try:
+        with running(worker):
+            wait_until(lambda: len(spans) >= 2, timeout=20)
+    finally:
+        unstick.set()
+    (first, a, b), (second, c, _) = sorted(spans, key=lambda x: x[1])[:2]
+    assert b <= c, spans  # one after the other, never side by side in this process
+    assert worker.stats["redelivered_while_held"] >= 1
+    assert any(getattr(r, "event", None) == "redelivered_while_held" for r in caplog.records)
 
 
 def test_burst_exits_on_empty_queue(make_app):

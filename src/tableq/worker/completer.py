@@ -219,10 +219,10 @@ class Completer:
             elif s.action == "dead_letter":
                 self._queue.dead_letter(s.msg, s.error or "failed")
             elif s.refund:
-                self._queue.release(s.msg)
+                self._queue.release(s.msg, delay=s.delay_s)
             else:
                 # Never charged (a prefetched message): give it back with attempts unchanged.
-                self._queue.nack(s.msg)
+                self._queue.nack(s.msg, delay=s.delay_s)
         except LeaseLost:
             verdict = self._verdict_not_held(s)
             if verdict is None:

@@ -24,10 +24,12 @@ class TrackedTransaction(Transaction):
     message (by id, as the worker's event name)."""
 
     def __init__(self, queue: Queue, connection: Any,
-                 before_settle: Callable[[Message], None]) -> None:
+                 before_settle: Callable[[Message], None],
+                 on_retry: Callable[[float | timedelta | None], None] | None = None) -> None:
         super().__init__(queue, connection)
         self.settled: dict[int, str] = {}
         self._before_settle = before_settle
+        self._on_retry = on_retry
 
     def ack(self, msg: Message) -> None:
         # Stop heartbeats first: one issued after this ack locks the row would wait for the
@@ -41,6 +43,8 @@ class TrackedTransaction(Transaction):
         self._before_settle(msg)
         super().nack(msg, delay=delay, error=error)
         self.settled[msg.id] = events.RETRIED
+        if self._on_retry is not None:
+            self._on_retry(delay)
 
     def heartbeat(self, msg: Message, *, extend: float | timedelta | None = None,
                   progress: Any = None) -> Message:
@@ -64,7 +68,9 @@ class _Rollback(Exception):
 
 
 def exactly_once_body(queue: Queue, executor: Executor, fn: Callable[[Message], Any],
-                      before_settle: Callable[[Message], None]) -> Callable[[Message], Outcome]:
+                      before_settle: Callable[[Message], None],
+                      on_retry: Callable[[float | timedelta | None], None] | None = None,
+                      ) -> Callable[[Message], Outcome]:
     """What the executor runs for an exactly-once message: fn inside a transaction that also
     acks the message (unless fn settled it itself), returning fn's own outcome, or what the
     transaction's end says (committed, lease lost, outage). `before_settle(msg)` runs before
@@ -73,7 +79,7 @@ def exactly_once_body(queue: Queue, executor: Executor, fn: Callable[[Message], 
         failed: list[Outcome] = []
         try:
             with queue.transaction() as tx:
-                ttx = TrackedTransaction(queue, tx.connection, before_settle)
+                ttx = TrackedTransaction(queue, tx.connection, before_settle, on_retry)
                 try:
                     inner = executor.run(fn, dataclasses.replace(msg, _transaction=ttx), None)
                     if not inner.ok:

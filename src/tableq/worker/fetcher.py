@@ -127,9 +127,29 @@ class Fetcher:
             visibility_timeout=spec.visibility_timeout_s, max_attempts=spec.max_attempts,
             settler=self._tracker)
         self._health.ok()
-        self._settling.heartbeater.hold_many([m for m, _ in got], spec.visibility_timeout_s,
-                                             since=sent)
+        heartbeater = self._settling.heartbeater
+        if again := heartbeater.holding([m.id for m, _ in got]):
+            got = self._give_back_held(lane, got, again)
+        heartbeater.hold_many([m for m, _ in got], spec.visibility_timeout_s, since=sent)
         return got, sent
+
+    def _give_back_held(self, lane: Lane, got: list[tuple[Message, bool]],
+                        again: set[int]) -> list[tuple[Message, bool]]:
+        """A message this worker still runs (or holds) came back in a fetch: its lease lapsed
+        here, as the heartbeat did not extend it in time. It is not started twice in this
+        process: the new delivery goes back, uncharged, due after one visibility timeout
+        (by when the run here has mostly ended; its ack will find the lease lost)."""
+        for m, charged in got:
+            if m.id in again:
+                self._settling.count("redelivered_while_held")
+                events.emit("redelivered_while_held", logging.WARNING, topic=m.topic, id=m.id,
+                            attempts=m.attempts,
+                            advice="its lease lapsed while this worker held it: the heartbeat "
+                                   "could not extend it in time (a stalled database "
+                                   "connection or an overloaded process?)")
+                self._settling.give_back(m, charged=charged,
+                                         delay_s=lane.spec.visibility_timeout_s)
+        return [(m, charged) for m, charged in got if m.id not in again]
 
     def _hand(self, lane: Lane, got: list[tuple[Message, bool]], leased_at: float,
               reserved: int) -> None:

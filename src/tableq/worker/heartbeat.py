@@ -105,6 +105,14 @@ class Heartbeater:
                 self._schedule_at(held, due_at)
             self._cond.notify()
 
+    def holding(self, ids: Sequence[int]) -> set[int]:
+        """Which of `ids` this process still holds a delivery of (running, waiting or
+        settling), whatever its lease: a fetch that returns one of them again means that
+        delivery's lease lapsed here."""
+        with self._cond:
+            held = self._held
+            return {i for i in ids if i in held}
+
     def refresh(self, msg: Message, since: float) -> None:
         """The lease was just set again by a statement sent at `since` (a charge)."""
         with self._cond:

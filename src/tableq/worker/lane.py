@@ -631,7 +631,7 @@ class Lane:
             handed = with_owner(msg, tracker)
         if spec.mode == "exactly_once":
             body = exactly_once_body(self._queue, self._executor, spec.fn,
-                                     self._settling.unhold)
+                                     self._settling.unhold, tracker.note_retry)
             outcome = self._executor.run(body, handed, spec.timeout_s)
             if outcome.ok and isinstance(outcome.value, Outcome):
                 outcome = outcome.value  # the body reports the handler's own outcome

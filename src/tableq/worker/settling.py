@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from tableq.errors import TableqError
 from tableq.message import Message, OnDuplicate, SendResult
-from tableq.queue import Queue
+from tableq.queue import Queue, seconds
 from tableq.worker import events
 from tableq.worker.completer import Completer, Settlement, Verdict
 from tableq.worker.executor import Outcome
@@ -41,6 +41,12 @@ class Tracker:
     def __init__(self, queue: Queue) -> None:
         self._queue = queue
         self.settled: str | None = None
+        self.retry_delay_s: float | None = None  # the handler's own nack: due after this
+
+    def note_retry(self, delay: float | timedelta | None) -> None:
+        """The handler nacked the message itself, due again after `delay` (for the retried
+        line's delay_s)."""
+        self.retry_delay_s = seconds("delay", delay, 0.0)
 
     def ack(self, msg: Message) -> None:
         if msg.lease is not None:  # at_most_once: already removed, nothing to ack
@@ -51,6 +57,7 @@ class Tracker:
              error: str | None = None) -> None:
         self._queue.nack(msg, delay=delay, error=error)
         self.settled = events.RETRIED
+        self.note_retry(delay)
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
                   progress: Any = None) -> Message[P]:
@@ -124,14 +131,14 @@ class Settling:
         if self._heartbeater is not None:
             self._heartbeater.drop(msg)
 
-    def give_back(self, msg: Message, *, charged: bool) -> None:
+    def give_back(self, msg: Message, *, charged: bool, delay_s: float = 0.0) -> None:
         """Releases a fetched message that will not start here: its attempt back if it was
-        charged, unchanged if not."""
+        charged, unchanged if not; due again at once or after delay_s."""
         if msg.lease is None:
             return  # at_most_once: already gone; nothing to give back
         assert self._completer is not None and self._heartbeater is not None
         self._heartbeater.settling(msg)
-        self._completer.settle(Settlement("release", msg, refund=charged))
+        self._completer.settle(Settlement("release", msg, refund=charged, delay_s=delay_s))
 
     # --- one handler's outcome --------------------------------------------------------------
 
@@ -164,9 +171,13 @@ class Settling:
                                       else events.ACKED)
             self.unhold(msg)
             self.count(how)
+            # A retry the handler scheduled itself is left for later, as a send with a delay:
+            # a burst worker does not wait for it (docs/worker.md).
+            delay_s = tracker.retry_delay_s if how == events.RETRIED else None
             events.emit(how, _LEVEL.get(how, logging.INFO), **fields,
                         duration_s=round(outcome.duration_s, 4),
-                        settled_by=None if how == events.ACKED else "handler")
+                        settled_by=None if how == events.ACKED else "handler",
+                        delay_s=None if delay_s is None else round(delay_s, 3))
             return
         if tracker.settled and not outcome.ok:
             # The handler settled the message itself, then raised: its settlement stands.
@@ -274,6 +285,9 @@ class Settling:
             events.emit(events.DEAD_LETTERED, logging.ERROR, **fields,
                         error=_last_line(s.error))
         else:
+            if s.delay_s:  # given back for later (redelivered_while_held): burst waits
+                with self._stats_lock:
+                    self.retry_due = max(self.retry_due, time.monotonic() + s.delay_s)
             self.count("released")
             events.emit(events.RELEASED, topic=msg.topic, id=msg.id,
                         attempts=msg.attempts - (1 if s.refund else 0),
