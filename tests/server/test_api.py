@@ -267,6 +267,27 @@ def test_an_at_most_once_receive_whose_client_leaves_during_the_take_removes_not
     assert server.queue.stats("leave") == [] or server.queue.stats("leave")[0].live == 0
 
 
+def test_a_long_poll_stops_once_its_token_is_revoked(server: Server) -> None:
+    """Found by review: a poll that began before `tableq token revoke` went on waiting and
+    delivered a message sent 3 s later (revocation takes effect at once, the docs say)."""
+    issued = server.issue("consumer", ["rv"])
+    got: dict[str, Any] = {}
+
+    def poll() -> None:
+        with server.client(issued.secret) as c:
+            got["r"] = c.post("/v1/topics/rv/receive", json={"wait_s": 10})
+
+    t = threading.Thread(target=poll)
+    t.start()
+    wait_until(lambda: server.app.state.tableq.waiter._waiting.get("rv"), timeout=10)
+    Store(server.queue).revoke_token(issued.record.id)
+    time.sleep(1.5)  # past the poll's next check
+    server.queue.send("rv", 1)
+    t.join(15)
+    assert got["r"].status_code == 401 and "revoked" in got["r"].text, got["r"].text
+    assert server.queue.stats("rv")[0].ready == 1
+
+
 def test_errors_are_json_with_codes_and_no_tracebacks(server: Server,
                                                       admin: httpx.Client) -> None:
     server.queue.max_payload_bytes = 100_000  # under the body cap, so the library's check shows
@@ -461,6 +482,31 @@ def test_security_headers_on_every_response(server: Server, path: str) -> None:
     assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
     assert r.headers["x-content-type-options"] == "nosniff"
     assert r.headers["x-frame-options"] == "DENY"
+
+
+def test_a_bug_answers_500_with_the_security_headers_and_is_counted(
+    server: Server, admin: httpx.Client, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: a 500 came from Starlette's outer error middleware, past the layer
+    that adds the security headers and times requests, so it had neither and never showed
+    in /metrics. (A dashboard form of 1,001 fields was one: now a 400.)"""
+    from tableq.server import api
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(api, "message_out", broken)
+    server.queue.send("bug", 1)
+    r = admin.post("/v1/topics/bug/receive", json={})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "InternalError", r.text
+    assert "a bug" not in r.text and r.headers["x-frame-options"] == "DENY"
+    metrics = admin.get("/metrics").text
+    assert 'route="/v1/topics/{topic:path}/receive",status="500"' in metrics, metrics
+    with server.client() as c:
+        form = "&".join(f"f{i}=1" for i in range(1001))
+        r = c.post("/ui/login", content=form,
+                   headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "more than 1000 fields" in r.text, r.text
 
 
 def test_at_with_any_utc_offset(server: Server, admin: httpx.Client) -> None:

@@ -219,6 +219,17 @@ def _signed(server: Server, op: str | None, body: dict[str, Any],
     return httpx.post(req.url, headers=sent, content=req.body)
 
 
+def test_a_queue_url_in_another_servers_form_names_its_last_part(server: Server,
+                                                                  sqs: Any) -> None:
+    """Found by review: a QueueUrl without /sqs/ (AWS's, LocalStack's /<account>/<name>)
+    became a topic named after its whole path ("/123456789012/s1"), which nobody reads."""
+    for url in ("https://sqs.us-east-1.amazonaws.com/123456789012/s1",
+                "http://localhost:4566/000000000000/s1"):
+        sqs.send_message(QueueUrl=url, MessageBody="x")
+    assert server.queue.stats("s1")[0].ready == 2
+    assert [s.topic for s in server.queue.stats()] == ["s1"]
+
+
 def test_malformed_fields_get_an_sqs_error(server: Server) -> None:
     """Signed requests whose fields have the wrong JSON types or values (which boto3 would
     never send, but other clients might) get InvalidParameterValue, not a 500, before

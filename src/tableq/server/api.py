@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
@@ -49,6 +50,8 @@ IDEMPOTENCY_KEY = re.compile(r"^[!-~]{1,255}$")
 # How long an at-most-once receive holds its messages between claiming and removing them
 # (milliseconds, in one transaction; the lease only matters if that transaction stalls).
 AT_MOST_ONCE_HOLD_S = 60.0
+# How often a long poll asks again whether its token still holds.
+RECHECK_EVERY_S = 1.0
 TOKEN_QUERY_NAMES = ("token", "access_token", "api_key", "apikey", "auth", "authorization")
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": m.ErrorOut, "description": text} for code, text in (
@@ -291,7 +294,9 @@ async def receive(request: Request, topic: TopicPath, body: m.ReceiveIn, p: Call
         return st.queue.receive(topic, max=body.max, visibility_timeout=body.visibility_timeout,
                                 where=where, mode=body.mode, max_attempts=body.max_attempts)
 
-    msgs = await long_poll(request, st, topic, body.wait_s, take)
+    secret = request.headers.get("authorization", "").partition(" ")[2].strip()
+    msgs = await long_poll(request, st, topic, body.wait_s, take,
+                           recheck=lambda: authenticate(st, secret))
     return {"messages": [message_out(x) for x in msgs]}
 
 
@@ -323,16 +328,23 @@ def take_while_connected(request: Request, queue: Queue, topic: str, max: int,
 
 
 async def long_poll(request: Request, st: ServerState, topic: str, wait_s: float,
-                    take: Callable[[], list[Message]]) -> list[Message]:
+                    take: Callable[[], list[Message]],
+                    recheck: Callable[[], object] | None = None) -> list[Message]:
     """Receives until something comes or `wait_s` runs out. Nothing is held while waiting:
     each try is one short query on a pooled connection. A client that went away stops the
     poll before it leases anything more, and what a try leased as it left is given back
-    uncharged (only a message received at most once, already deleted, cannot be)."""
+    uncharged (an at-most-once take rolls back instead). `recheck` raises if the request's
+    token no longer holds (revoked, expired): asked again before a try once a second has
+    passed since the last check, so a revocation stops a waiting poll within about that."""
     deadline = Deadline(wait_s)
     delay = 0.0
+    checked = time.monotonic()
     while True:
         if await request.is_disconnected():
             return []
+        if recheck is not None and time.monotonic() - checked >= RECHECK_EVERY_S:
+            await run_in_threadpool(recheck)
+            checked = time.monotonic()
         msgs = await run_in_threadpool(take)
         if msgs:
             if await request.is_disconnected():

@@ -75,6 +75,10 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, self.message)
 
 
+UNEXPECTED = errors.body("InternalError", "the server failed unexpectedly; its log has the "
+                         "details")
+
+
 class Guard:
     """Outermost layer: caps request bodies before they are read (Content-Length, then a
     running count for chunked bodies), adds the security headers to every response, and
@@ -89,11 +93,11 @@ class Guard:
             return
         limit = self.state.config.max_body_bytes
         started = time.perf_counter()
-        status = {"code": 500}
+        status = {"code": 500, "sent": False}
 
         async def send_secured(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                status["code"], status["sent"] = message["status"], True
                 names = {k.lower() for k, _ in message.get("headers", [])}
                 message["headers"] = [*message.get("headers", []),
                                       *[h for h in SECURITY_HEADERS if h[0] not in names]]
@@ -117,7 +121,15 @@ class Guard:
                         raise BodyTooLarge(limit)
                 return message
 
-            await self.app(scope, limited, send_secured)
+            try:
+                await self.app(scope, limited, send_secured)
+            except Exception:
+                # Answered here, not by Starlette's outer error middleware, so that a bug's
+                # 500 carries the security headers and is counted in /metrics too.
+                if status["sent"]:
+                    raise
+                log.exception("tableq.server.unexpected_error path=%s", scope["path"])
+                await _send_json(send_secured, 500, UNEXPECTED)
         route = scope.get("route")
         path = getattr(route, "path", None) or ("/static" if scope["path"].startswith(
             "/static/") else "unmatched")
@@ -235,8 +247,7 @@ def create_app(queue: Queue, *, config: ServerConfig | None = None,
     @app.exception_handler(Exception)
     async def on_bug(request: Request, exc: Exception) -> Response:
         log.exception("tableq.server.unexpected_error path=%s", request.url.path)
-        return _error_response(500, errors.body("InternalError", "the server failed "
-                                                "unexpectedly; its log has the details"))
+        return _error_response(500, UNEXPECTED)
 
     from tableq.server import api, dashboard, ops, sqs
 

@@ -21,6 +21,7 @@ from tableq.errors import AuthenticationFailed, TableqError
 from tableq.look import charts, environment, fmt_age, fmt_number
 from tableq.server.api import authenticate
 from tableq.server.auth import Principal, csrf_matches, csrf_token
+from tableq.server.errors import ApiError
 from tableq.server.history import points
 
 if TYPE_CHECKING:
@@ -67,9 +68,16 @@ def cross_site(headers: Mapping[str, str], host: str) -> bool:
     return False
 
 
+FORM_FIELDS_MAX = 1000
+
+
 async def _form(request: Request) -> dict[str, list[str]]:
     body = (await request.body()).decode("utf-8", "replace")
-    return parse_qs(body, keep_blank_values=True, max_num_fields=1000)
+    try:
+        return parse_qs(body, keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX)
+    except ValueError:  # more fields than that: no form of the dashboard's has
+        raise ApiError(400, "BadRequest", f"the form has more than {FORM_FIELDS_MAX} fields; "
+                       "send the dashboard's own form") from None
 
 
 def _refused(reason: str) -> Response:

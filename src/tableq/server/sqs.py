@@ -138,6 +138,10 @@ def topic_of(url: Any) -> str:
     if "/sqs/" in path:
         path = path.split("/sqs/", 1)[1]
         path = path.split("/", 1)[1] if "/" in path else path
+    elif path.startswith("/"):
+        # Another server's form (AWS, LocalStack: /<account>/<name>): the name is the last
+        # part, as everywhere in SQS (a queue name has no "/"; a topic's is encoded).
+        path = path.rstrip("/").rsplit("/", 1)[-1]
     try:
         return check_topic(unquote(path))
     except TableqError as exc:
@@ -333,6 +337,15 @@ def _authenticate(st: ServerState, request: Request, raw: bytes) -> Principal:
     return Principal.of(record)
 
 
+def _still_active(st: ServerState, request: Request) -> None:
+    """For a long poll: its access key's token is still there and active."""
+    cred = sigv4.parse_authorization(request.headers.get("authorization"))
+    record = st.store.find_token(access_key=cred.access_key)
+    if record is None or not record.active:
+        raise SqsError("InvalidClientTokenId", "The access key belongs to a token that was "
+                       "revoked or has expired")
+
+
 def _may(p: Principal, action: str, topic: str) -> None:
     if not p.may(action, topic):
         raise SqsError("AccessDenied", f"a {p.role} token may not {action} on this queue")
@@ -505,7 +518,8 @@ async def _receive(st: ServerState, request: Request, p: Principal, params: dict
     def take() -> list[Message]:
         return st.queue.receive(topic, max=most or 1, visibility_timeout=vt)
 
-    msgs = await long_poll(request, st, topic, float(wait or 0), take)
+    msgs = await long_poll(request, st, topic, float(wait or 0), take,
+                           recheck=lambda: _still_active(st, request))
     try:
         return _received(msgs, wanted_attrs, system)
     except Exception:
