@@ -509,10 +509,12 @@ class Queue:
 
     def _claim(self, spec: ClaimSpec, conn: Any, tx: Any,
                charged: list[bool] | None = None,
-               settler: Callable[[], Settler] | None = None) -> list[Message]:
+               settler: Callable[[], Settler] | None = None,
+               buried: list[int] | None = None) -> list[Message]:
         """Leases up to spec.max decodable messages. `charged`, if given, receives for each
         message returned whether its attempt was charged (see ClaimSpec.charge); `settler`,
-        if given, makes each message's owner (else this Queue)."""
+        if given, makes each message's owner (else this Queue); `buried`, if given, receives
+        how many messages each pass dead-lettered instead (attempts spent, or undecodable)."""
         out: list[Message] = []
         charge, charge_last = spec.charge, spec.charge_last
         for _ in range(10):  # bounded: each pass buries or returns something
@@ -531,6 +533,8 @@ class Queue:
                 out.append(msg)
                 if charged is not None:
                     charged.append(was_charged)
+            if buried is not None and (result.dead_lettered or undecodable):
+                buried.append(result.dead_lettered + undecodable)
             if charge is not None:
                 charge = max(0, charge - len(result.rows))
             if charge_last is not None:
@@ -568,6 +572,7 @@ class Queue:
                           visibility_timeout: float | timedelta | None = None,
                           max_attempts: int | None = None,
                           settler: Callable[[], Settler] | None = None,
+                          buried: list[int] | None = None,
                           ) -> list[tuple[Message, bool]]:
         """receive() that charges an attempt only to the first `charge` messages (in delivery
         order), and a message's last allowed attempt only among the first `charge_last`; the
@@ -581,7 +586,7 @@ class Queue:
         msgs = self._claim(dataclasses.replace(
             spec, charge=_positive_int("charge", charge + 1) - 1,
             charge_last=None if charge_last is None else _positive_int(
-                "charge_last", charge_last + 1) - 1), None, None, charged, settler)
+                "charge_last", charge_last + 1) - 1), None, None, charged, settler, buried)
         return list(zip(msgs, charged, strict=True))
 
     def _charge(self, msgs: Sequence[Message[P]], *,

@@ -597,6 +597,30 @@ def test_a_message_whose_lease_lapsed_here_is_not_started_twice_in_this_worker(m
     assert any(getattr(r, "event", None) == "redelivered_while_held" for r in caplog.records)
 
 
+def test_a_message_dead_lettered_by_the_fetch_is_logged_and_counted(make_app, caplog):
+    """Found by review: a message whose last deliveries ended without an ack (crashes) was
+    dead-lettered by the worker's own claim with no log line and no count."""
+    app = make_app()
+
+    @app.handler("spent", max_attempts=3)
+    def handle(message):
+        raise AssertionError("never started: its attempts are spent")
+
+    q = app.queue
+    q.send("spent", 1)
+    for _ in range(3):  # three deliveries that ended without an ack
+        assert q.receive("spent", visibility_timeout=0.2, max_attempts=3)
+        time.sleep(0.3)
+    caplog.set_level(logging.ERROR, logger="tableq")
+    worker = app.worker(burst=True)
+    run_burst(worker)
+    assert worker.stats["dead_lettered"] == 1
+    (line,) = [r.fields for r in caplog.records
+               if getattr(r, "event", None) == "dead_lettered_at_fetch"]
+    assert line["topic"] == "spent" and line["count"] == 1
+    assert q.stats("spent")[0].dead == 1
+
+
 def test_burst_exits_on_empty_queue(make_app):
     app = make_app()
 

@@ -120,13 +120,23 @@ class Fetcher:
             self._health.ok()
             return [(m, True) for m in msgs], time.monotonic()
         sent = time.monotonic()
+        buried: list[int] = []
         # Charged now: what starts at once and the charge window, never a last allowed
         # attempt (that one is charged right before its handler starts); lane.py.
         got = self._queue._receive_deferred(
             spec.topic, max=want, charge=min(want, lane.start_soon(want)), charge_last=0,
             visibility_timeout=spec.visibility_timeout_s, max_attempts=spec.max_attempts,
-            settler=self._tracker)
+            settler=self._tracker, buried=buried)
         self._health.ok()
+        if buried:
+            # Found spent (their last deliveries ended without an ack: crashes, kills, lost
+            # leases) or undecodable, and dead-lettered by the claim itself.
+            self._settling.count("dead_lettered", sum(buried))
+            events.emit("dead_lettered_at_fetch", logging.ERROR, topic=spec.topic,
+                        count=sum(buried), max_attempts=spec.max_attempts,
+                        advice="received max_attempts times without an ack, or undecodable: "
+                               "see `tableq dead list`; a handler that kills its process "
+                               "(memory, os._exit) looks like this")
         heartbeater = self._settling.heartbeater
         if again := heartbeater.holding([m.id for m, _ in got]):
             got = self._give_back_held(lane, got, again)

@@ -123,9 +123,9 @@ class Settling:
         """Settlements handed in and not yet answered."""
         return self._completer.pending() if self._completer is not None else 0
 
-    def count(self, what: str) -> None:
+    def count(self, what: str, n: int = 1) -> None:
         with self._stats_lock:
-            self.stats[what] += 1
+            self.stats[what] += n
 
     def unhold(self, msg: Message) -> None:
         if self._heartbeater is not None:
