@@ -883,6 +883,26 @@ def test_idle_exactly_once_transaction_is_rolled_back_by_the_server(db_url: str)
                 tx.ack(m)
 
 
+def test_an_at_most_once_receive_in_a_transaction_removes_only_if_it_commits(
+    q: tableq.Queue,
+) -> None:
+    q.send_many("amo", [{"n": 1}, {"n": 2}, {"n": 3}])
+    with pytest.raises(RuntimeError, match="changed my mind"):
+        with q.transaction() as tx:
+            got = tx.receive("amo", max=2, mode="at_most_once", where={"n": 2})
+            assert [(m.payload, m.lease, m.attempts) for m in got] == [({"n": 2}, None, 1)]
+            raise RuntimeError("changed my mind")
+    assert [(m.payload, m.attempts) for m in q.peek("amo")] == [
+        ({"n": 1}, 0), ({"n": 2}, 0), ({"n": 3}, 0)]  # as they were
+    with q.transaction() as tx:
+        assert [m.payload for m in tx.receive("amo", max=2, mode="at_most_once")] == [
+            {"n": 1}, {"n": 2}]
+    assert [m.payload for m in q.peek("amo")] == [{"n": 3}]
+    with pytest.raises(InvalidArgument, match="at_least_once or at_most_once"):
+        with q.transaction() as tx:
+            tx.receive("amo", mode="exactly_once")  # type: ignore[arg-type]
+
+
 def test_a_caught_duplicate_does_not_spoil_the_exactly_once_transaction(q: tableq.Queue) -> None:
     q.send("xo", 1)
     q.send("xo-out", "taken", key="k")

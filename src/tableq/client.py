@@ -252,11 +252,13 @@ class Client:
                           visibility_timeout: float | timedelta | None = None,
                           max_attempts: int | None = None,
                           settler: Callable[[], Settler] | None = None,
+                          buried: list[int] | None = None,
                           ) -> list[tuple[Message, bool]]:
         """The worker's receive. Over HTTP a receive charges every message's attempt at once
         (the API has no deferred charge), so every message comes back charged and the worker
         never needs _charge for them. `settler` is not used: the messages settle through this
-        client, and the worker copies each for its run's tracker."""
+        client, and the worker copies each for its run's tracker. `buried` stays empty: the
+        API does not say what a receive dead-lettered."""
         msgs = self.receive(topic, max=max, visibility_timeout=visibility_timeout,
                             max_attempts=max_attempts)
         return [(m, True) for m in msgs]
@@ -310,9 +312,12 @@ class Client:
             body["error"] = error[:65_536]
         self.call("POST", f"/v1/messages/{msg_id}/nack", body)
 
-    def release(self, msg: Message) -> None:
+    def release(self, msg: Message, *, delay: float | timedelta | None = None) -> None:
         msg_id, lease = self._leased(msg, "release")
-        self.call("POST", f"/v1/messages/{msg_id}/release", {"lease": lease})
+        body: dict[str, Any] = {"lease": lease}
+        if delay is not None:
+            body["delay"] = _seconds(delay)
+        self.call("POST", f"/v1/messages/{msg_id}/release", body)
 
     def heartbeat(self, msg: Message[P], *, extend: float | timedelta | None = None,
                   progress: Any = None) -> Message[P]:

@@ -497,15 +497,21 @@ class Queue:
                                   f"queue.transaction()), not {mode!r}")
         spec = self._spec(topic, max, visibility_timeout, where, max_attempts)
         if mode == "at_most_once":
-            out = []
-            for row in self._backend.message_take(spec).rows:
-                try:
-                    out.append(self._message(
-                        {**row, "payload": self._kinds.decode(row.get("kind"), row["payload"])}))
-                except PayloadInvalid as exc:  # already removed: keep it as a dead letter
-                    self._backend.message_dead_letter_taken(row, f"undecodable payload: {exc}")
-            return out
+            return self._take(spec, None)
         return self._claim(spec, None, None)
+
+    def _take(self, spec: ClaimSpec, conn: Any) -> list[Message]:
+        """At most once: removes up to spec.max due messages and returns them (in the caller's
+        transaction on `conn`, if given); an undecodable one becomes a dead letter."""
+        out = []
+        for row in self._backend.message_take(spec, conn).rows:
+            try:
+                out.append(self._message(
+                    {**row, "payload": self._kinds.decode(row.get("kind"), row["payload"])}))
+            except PayloadInvalid as exc:  # already removed: keep it as a dead letter
+                self._backend.message_dead_letter_taken(row, f"undecodable payload: {exc}",
+                                                        conn)
+        return out
 
     def _claim(self, spec: ClaimSpec, conn: Any, tx: Any,
                charged: list[bool] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tableq.errors import InvalidArgument
 from tableq.message import Message, OnDuplicate, SendResult
@@ -53,10 +53,17 @@ class Transaction:
         where: Mapping[str, Any] | None = None,
         visibility_timeout: float | timedelta | None = None,
         max_attempts: int | None = None,
+        mode: Literal["at_least_once", "at_most_once"] = "at_least_once",
     ) -> list[Message]:
         """Due messages locked by this transaction (others skip them). Their delivery only
-        becomes visible if the transaction commits; ack them before it ends."""
+        becomes visible if the transaction commits; ack them before it ends. at_most_once
+        removes them, if the transaction commits (a rollback leaves them as they were)."""
         spec = self._queue._spec(topic, max, visibility_timeout, where, max_attempts)
+        if mode == "at_most_once":
+            return self._queue._take(spec, self._live("receive"))
+        if mode != "at_least_once":
+            raise InvalidArgument(f"a transaction receives at_least_once or at_most_once, not "
+                                  f"{mode!r}")
         return self._queue._claim(spec, self._live("receive"), self)
 
     def ack(self, msg: Message) -> None:

@@ -20,6 +20,19 @@ from tests.server.conftest import Server
 APPS = Path(__file__).parent / "apps"
 
 
+def test_release_takes_a_delay_over_http_too(server: Server) -> None:
+    """The worker gives a message back for later (redelivered_while_held) through whichever
+    queue it runs on, this client included."""
+    with Client(server.url, server.token("admin")) as c:
+        c.send_many("rel", [1, 2])
+        first, second = c.receive("rel", max=2)
+        c.release(first, delay=3600)
+        c.release(second)
+        (s,) = c.stats("rel", exact=True)
+        assert (s.ready, s.scheduled, s.in_flight) == (1, 1, 0)
+        assert [(m.payload, m.attempts) for m in c.receive("rel", max=2)] == [(2, 1)]
+
+
 def test_client_has_the_queue_methods(server: Server) -> None:
     with Client(server.url, server.token("admin")) as c:
         first = c.send("c/t", {"a": 1}, key="k", headers={"h": "v"}, priority=3)

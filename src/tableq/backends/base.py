@@ -256,8 +256,9 @@ class Backend(ABC):
     @abstractmethod
     def message_claim(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult: ...
     @abstractmethod
-    def message_take(self, spec: ClaimSpec) -> ClaimResult:
-        """At-most-once: remove up to spec.max due messages and return them."""
+    def message_take(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
+        """At-most-once: remove up to spec.max due messages and return them (in the caller's
+        transaction on `conn`, if given)."""
     @abstractmethod
     def message_ack(self, refs: Sequence[tuple[int, str]], retain: bool,
                     conn: Any = None) -> set[int]:
@@ -289,7 +290,7 @@ class Backend(ABC):
     def message_dead_letter(self, msg_id: int, lease: str, error: str,
                             conn: Any = None) -> bool: ...
     @abstractmethod
-    def message_dead_letter_taken(self, row: Row, error: str) -> None:
+    def message_dead_letter_taken(self, row: Row, error: str, conn: Any = None) -> None:
         """Puts a message already removed from the queue (at-most-once) into the dead-letter
         store, as `row` describes it."""
     @abstractmethod

@@ -481,14 +481,14 @@ class SqlBackend(Backend):
         """Leases the live due rows (charging those flagged); returns them shaped, in order."""
         raise NotImplementedError
 
-    def message_take(self, spec: ClaimSpec) -> ClaimResult:
+    def message_take(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
         def run(cur: Cursor) -> ClaimResult:
             due = self._due(cur, spec)
             rows = self._take(cur, due) if due else []
             for r in rows:  # it counts as received once
                 r["attempts"] += 1
             return ClaimResult(rows, 0)
-        return self.run(run, tx=True)
+        return self.run(run, conn, tx=True)
 
     def _take(self, cur: Cursor, due: list[Row]) -> list[Row]:
         """Removes the due rows; returns them shaped, in order."""
@@ -545,8 +545,9 @@ class SqlBackend(Backend):
         self._churned(len(extended))
         return extended
 
-    def message_dead_letter_taken(self, row: Row, error: str) -> None:
-        self._change(self.Q.dead_insert, {**dead_row_values(row, self._db_time), "error": error})
+    def message_dead_letter_taken(self, row: Row, error: str, conn: Any = None) -> None:
+        self._change(self.Q.dead_insert, {**dead_row_values(row, self._db_time), "error": error},
+                     conn)
 
     def done_match(self, refs: Sequence[tuple[int, str]]) -> set[int]:
         return {r["id"] for r in self._read_all(self.Q.done_match, self._refs(refs))}

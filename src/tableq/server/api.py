@@ -47,9 +47,6 @@ log = logging.getLogger("tableq.server")
 
 bearer = HTTPBearer(auto_error=False, description="A token from `tableq token create`.")
 IDEMPOTENCY_KEY = re.compile(r"^[!-~]{1,255}$")
-# How long an at-most-once receive holds its messages between claiming and removing them
-# (milliseconds, in one transaction; the lease only matters if that transaction stalls).
-AT_MOST_ONCE_HOLD_S = 60.0
 # How often a long poll asks again whether its token still holds.
 RECHECK_EVERY_S = 1.0
 TOKEN_QUERY_NAMES = ("token", "access_token", "api_key", "apikey", "auth", "authorization")
@@ -307,24 +304,23 @@ class _ClientGone(Exception):  # noqa: N818 - control flow: rolls the take back
 def take_while_connected(request: Request, queue: Queue, topic: str, max: int,
                          where: Any, max_attempts: int | None) -> list[Message]:
     """An at-most-once receive whose messages are removed only if the client is still there
-    once they are in hand: leased and acked in one transaction, which rolls back (leaving
-    them untouched) when the client went away during the claim. What is lost is only what a
-    client loses after the answer exists. Runs in a worker thread (run_in_threadpool)."""
+    once they are in hand: taken in a transaction, which rolls back (leaving them as they
+    were) when the client went away during the take. What is lost is only what a client
+    loses after the answer exists. Runs in a worker thread (run_in_threadpool)."""
     msgs: list[Message] = []
     try:
         with queue.transaction() as tx:
-            msgs = tx.receive(topic, max=max, where=where, visibility_timeout=AT_MOST_ONCE_HOLD_S,
-                              max_attempts=max_attempts)
+            msgs = tx.receive(topic, max=max, where=where, max_attempts=max_attempts,
+                              mode="at_most_once")
             if msgs:
                 gone: bool = anyio.from_thread.run(request.is_disconnected)
                 if gone:
                     raise _ClientGone
-                queue.ack_many(msgs, connection=tx.connection)
     except _ClientGone:
         log.info("tableq.server.at_most_once_untaken topic=%s messages=%d (the client left)",
                  topic, len(msgs))
         return []
-    return [dataclasses.replace(x, lease=None) for x in msgs]
+    return msgs
 
 
 async def long_poll(request: Request, st: ServerState, topic: str, wait_s: float,
@@ -498,11 +494,14 @@ def nack(request: Request, msg_id: MessageId, body: m.NackIn, p: Caller) -> Any:
 
 
 @router.post("/messages/{msg_id:int}/release", response_model=m.SettledOut, responses=ERRORS_ID,
-             summary="Give the message back at once without charging the attempt")
-def release(request: Request, msg_id: MessageId, body: m.LeaseIn, p: Caller) -> Any:
+             summary="Give the message back without charging the attempt, at once or after "
+                     "`delay` seconds")
+def release(request: Request, msg_id: MessageId, body: m.ReleaseIn, p: Caller) -> Any:
     st = state(request)
-    msg, _ = _settle(st, p, msg_id, body.lease, "release", st.queue.release)
-    st.wake_threadsafe(msg.topic)
+    msg, _ = _settle(st, p, msg_id, body.lease, "release",
+                     lambda x: st.queue.release(x, delay=body.delay))
+    if not body.delay:
+        st.wake_threadsafe(msg.topic)
     return {"id": msg_id, "status": "released"}
 
 

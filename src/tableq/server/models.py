@@ -214,6 +214,11 @@ class LeaseIn(Strict):
     lease: Lease
 
 
+class ReleaseIn(Strict):
+    lease: Lease
+    delay: Seconds | None = None
+
+
 class NackIn(Strict):
     lease: Lease
     delay: Seconds | None = None

@@ -568,9 +568,9 @@ class PostgresBackend(SqlBackend):
         return Horizon(bool(row["hidden"]), row["oldest_snapshot"], row["oldest_write"],
                        row["claimed_at"], frozenset(row["open_topics"]))
 
-    def message_take(self, spec: ClaimSpec) -> ClaimResult:
+    def message_take(self, spec: ClaimSpec, conn: Any = None) -> ClaimResult:
         sql, params = self._claim_params(self.Q.message_take, self.Q.message_take_where, spec)
-        raw = self.run(lambda cur: self._all(cur, sql, params))
+        raw = self.run(lambda cur: self._all(cur, sql, params), conn)
         self._churned(len(raw))
         rows = sorted((self._row(r) for r in raw),
                       key=lambda r: (-r["priority"], r["available_at"], r["id"]))
