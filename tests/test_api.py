@@ -249,7 +249,7 @@ def test_explicit_dead_letter_requeue_and_purge(q: tableq.Queue) -> None:
 def test_dead_letter_without_a_reason_is_refused_and_changes_nothing(q: tableq.Queue) -> None:
     q.send("dlr", 1)
     (m,) = q.receive("dlr")
-    for reason in (None, ""):
+    for reason in (None, "", "  \n\t"):  # blank says nothing either
         with pytest.raises(tableq.InvalidArgument, match="needs the reason"):
             q.dead_letter(m, reason)  # type: ignore[arg-type]
     m.dead_letter("bad")
@@ -1372,6 +1372,16 @@ def test_a_stale_delivery_beside_the_live_one_is_told_apart(q: tableq.Queue) -> 
         q.ack_many([live, stale])
     assert err.value.message_ids == [stale.id]
     assert q.stats("dup")[0].live == 0
+
+
+def test_the_same_delivery_given_twice_is_settled_once(q: tableq.Queue) -> None:
+    """Found by review (over HTTP: "lost": [id, id]): ack_many([m, m]) acked m, then reported
+    it lost, twice; heartbeat_many([m, m]) extended it once and answered it twice."""
+    q.send_many("twice", [1, 2])
+    a, b = q.receive("twice", max=2)
+    assert [m.id for m in q.heartbeat_many([a, a, b], extend=60)] == [a.id, b.id]
+    q.ack_many([a, b, a])  # no LeaseLost: both were acked
+    assert q.stats("twice")[0].live == 0
 
 
 def test_send_many_refuses_a_string_or_a_dict_as_its_items(q: tableq.Queue) -> None:

@@ -118,7 +118,7 @@ def check_identifier(what: str, value: object) -> str:
 
 def check_reason(error: object) -> None:
     """A dead letter's reason: refused when missing, as it is all that says why later."""
-    if error is None or error == "":
+    if error is None or (isinstance(error, str) and not error.strip()):
         raise InvalidArgument(
             "dead_letter() needs the reason, which stays with the dead letter for whoever "
             "looks at it later: pass text such as str(exc); the message was not changed")

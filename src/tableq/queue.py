@@ -649,8 +649,10 @@ class Queue:
             return
         self._check_connection(connection)
         if len(refs) > 1 and len({i for i, _ in refs}) < len(refs):
-            self._ack_runs(msgs, connection)
-            return
+            msgs, refs = _once_per_delivery(msgs, refs)
+            if len({i for i, _ in refs}) < len(refs):
+                self._ack_runs(msgs, connection)
+                return
         done = self._backend.message_ack(refs, self.retention, connection)
         lost = [m for m in msgs if m.id not in done]
         if lost and self.retention and connection is None:
@@ -725,8 +727,10 @@ class Queue:
         if not refs:
             return []
         if len(refs) > 1 and len({i for i, _ in refs}) < len(refs):  # see _ack_runs
-            return [m for run in _distinct_runs(msgs)
-                    for m in self.heartbeat_many(run, extend=extend)]
+            msgs, refs = _once_per_delivery(msgs, refs)
+            if len({i for i, _ in refs}) < len(refs):
+                return [m for run in _distinct_runs(msgs)
+                        for m in self.heartbeat_many(run, extend=extend)]
         until = self._backend.message_extend_many(refs, seconds("extend", extend,
                                                        self.visibility_timeout_s))
         return [_replace(m, available_at=until[m.id]) for m in msgs if m.id in until]
@@ -880,6 +884,15 @@ def _dead(r: Row) -> DeadLetter:
 
 def _replace(msg: Message[P], **changes: Any) -> Message[P]:
     return dataclasses.replace(msg, **changes)
+
+
+def _once_per_delivery(msgs: Sequence[M], refs: Sequence[tuple[int, str]]
+                       ) -> tuple[list[M], list[tuple[int, str]]]:
+    """The same delivery (id and lease) given twice counts once: acked once, not acked and
+    then reported lost."""
+    first = {ref: i for i, ref in reversed(list(enumerate(refs)))}  # each ref's first index
+    keep = sorted(first.values())
+    return [msgs[i] for i in keep], [refs[i] for i in keep]
 
 
 def _distinct_runs(msgs: Sequence[M]) -> list[list[M]]:

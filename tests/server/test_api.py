@@ -56,6 +56,11 @@ def test_send_receive_ack_round_trip(server: Server, admin: httpx.Client) -> Non
         {"id": top["id"], "lease": top["lease"]}]}).json()
     assert sorted(out["acked"]) == sorted(m["id"] for m in rest) and out["lost"] == [top["id"]]
     assert server.queue.stats("orders/eu")[0].ready == 0
+    admin.post("/v1/topics/orders/eu/messages", json={"payload": "twice"})
+    (m,) = admin.post("/v1/topics/orders/eu/receive", json={}).json()["messages"]
+    ref = {"id": m["id"], "lease": m["lease"]}
+    out = admin.post("/v1/messages/ack", json={"messages": [ref, ref]}).json()
+    assert out == {"acked": [m["id"]], "lost": []}, out  # was {"acked": [], "lost": [id, id]}
 
 
 def test_nack_heartbeat_release_dead_letter_forward(server: Server,

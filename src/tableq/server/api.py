@@ -556,10 +556,11 @@ def ack_many(request: Request, body: m.RefsIn, p: Caller) -> Any:
         st.queue.ack_many(msgs)
     except LeaseLost as exc:
         lost = list(exc.message_ids)
-    acked = [x.id for x in msgs if x.id not in set(lost)]
-    for x in msgs:
-        if x.id in acked:
-            st.metrics.acked.labels(x.topic).inc()
+    gone = set(lost)
+    acked = list(dict.fromkeys(x.id for x in msgs if x.id not in gone))  # each id once
+    topics = {x.id: x.topic for x in msgs}
+    for i in acked:
+        st.metrics.acked.labels(topics[i]).inc()
     return {"acked": acked, "lost": lost}
 
 

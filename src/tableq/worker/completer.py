@@ -217,7 +217,7 @@ class Completer:
             if s.action == "nack":
                 self._queue.nack(s.msg, delay=s.delay_s, error=s.error)
             elif s.action == "dead_letter":
-                self._queue.dead_letter(s.msg, s.error or "failed")
+                self._queue.dead_letter(s.msg, (s.error or "").strip() or "failed")
             elif s.refund:
                 self._queue.release(s.msg, delay=s.delay_s)
             else:
