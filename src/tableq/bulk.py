@@ -24,6 +24,7 @@ from tableq.queue import (
     check_at,
     check_ids,
     check_token,
+    is_many,
     seconds,
     shown,
 )
@@ -69,7 +70,7 @@ class Bulk:
         crash: fewer or more raise LoadIncomplete and nothing is published."""
         if on_duplicate not in ("ignore", "replace"):
             raise InvalidArgument("publish_staged takes on_duplicate='ignore' or 'replace'")
-        if isinstance(parts, (str, bytes)) or not isinstance(parts, Iterable):
+        if not is_many(parts):
             raise InvalidArgument(f"publish_staged takes a list of part numbers, not "
                                   f"{shown(parts)}")
         if expected_rows is not None and (isinstance(expected_rows, bool) or not isinstance(
@@ -96,7 +97,7 @@ class Bulk:
         """Registers, without codecs, each of `kinds` the queue does not know yet: the sink
         passes payloads through unchanged, and the queue refuses kinds it has not seen
         registered."""
-        if isinstance(kinds, (str, bytes)) or not isinstance(kinds, Iterable):
+        if not is_many(kinds):
             raise InvalidArgument(f"accept_kinds takes a list of kind names, not {shown(kinds)}")
         registry = self.queue._kinds
         known = set(registry.names())

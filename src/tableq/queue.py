@@ -144,15 +144,22 @@ def _flag(what: str, value: object) -> bool:
     return value
 
 
+def is_many(value: object) -> bool:
+    """Whether value can be a list of items: iterable, and not a str, bytes or mapping (those
+    iterate too, but their characters, bytes or keys would each become an item)."""
+    return isinstance(value, Iterable) and not isinstance(
+        value, (str, bytes, bytearray, Mapping))
+
+
 def _message_list(msgs: object, action: str) -> Sequence[Any]:
     """The messages of an *_many call as a sequence, read more than once (a generator would
     be spent by the first pass)."""
     if isinstance(msgs, (list, tuple)):
         return msgs
-    if isinstance(msgs, (str, bytes, Mapping)) or not isinstance(msgs, Iterable):
+    if not is_many(msgs):
         raise InvalidArgument(f"{action}_many takes a list of the Messages to {action}, not "
                               f"{shown(msgs)}; for one message use {action}()")
-    return list(msgs)
+    return list(cast(Iterable[Any], msgs))
 
 
 def _priority(value: object) -> int:
@@ -419,9 +426,7 @@ class Queue:
         is a payload, or a dict with "payload" and any of key, kind, headers, priority, delay,
         at (which override the call's defaults). All are validated before anything is sent."""
         check_topic(topic)
-        if isinstance(items, (str, bytes, bytearray, Mapping)) or not isinstance(items, Iterable):
-            # Iterable, but surely not a list of payloads: characters, bytes or dict keys
-            # would each become a message.
+        if not is_many(items):
             raise InvalidArgument(f"send_many takes a list (or other iterable) of payloads, "
                                   f"not a {type(items).__name__}; send one message with send()")
         self._check_send(on_duplicate, connection)
@@ -860,7 +865,7 @@ def check_ids(ids: Sequence[int] | None) -> list[int] | None:
     """A list of message ids (None stays None: "all")."""
     if ids is None:
         return None
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+    if not is_many(ids):
         raise InvalidArgument("ids must be a list of message ids")
     return [_positive_int("id", i, ID_MAX) for i in ids]
 

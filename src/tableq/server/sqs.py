@@ -31,6 +31,7 @@ from tableq.names import check_headers, check_key, check_topic
 from tableq.server import sigv4
 from tableq.server.auth import ROLE_ACTIONS, Principal
 from tableq.server.errors import status_of
+from tableq.tokens import TokenRecord
 
 if TYPE_CHECKING:
     from tableq.server.app import ServerState
@@ -319,14 +320,9 @@ def _authenticate(st: ServerState, request: Request, raw: bytes) -> Principal:
         cred = sigv4.parse_authorization(request.headers.get("authorization"))
     except sigv4.SignatureError as exc:
         raise SqsError(exc.code, str(exc)) from None
-    record = st.store.find_token(access_key=cred.access_key)
-    if record is None or record.sqs_secret is None:
-        raise SqsError("InvalidClientTokenId", "The security token included in the request is "
-                       "invalid: no tableq token has this access key id")
-    if not record.active:
-        raise SqsError("InvalidClientTokenId", "The access key belongs to a token that was "
-                       "revoked or has expired")
+    record = _active_token(st, cred.access_key)
     headers = {k.lower(): v for k, v in request.headers.items()}
+    assert record.sqs_secret is not None  # _active_token
     try:
         sigv4.verify(cred, record.sqs_secret, method=request.method,
                      path=request.scope.get("raw_path", b"").decode("latin-1").split("?")[0]
@@ -337,13 +333,22 @@ def _authenticate(st: ServerState, request: Request, raw: bytes) -> Principal:
     return Principal.of(record)
 
 
-def _still_active(st: ServerState, request: Request) -> None:
-    """For a long poll: its access key's token is still there and active."""
-    cred = sigv4.parse_authorization(request.headers.get("authorization"))
-    record = st.store.find_token(access_key=cred.access_key)
-    if record is None or not record.active:
+def _active_token(st: ServerState, access_key: str) -> TokenRecord:
+    """The token of an SQS access key, refused unless it has an SQS secret and is active."""
+    record = st.store.find_token(access_key=access_key)
+    if record is None or record.sqs_secret is None:
+        raise SqsError("InvalidClientTokenId", "The security token included in the request is "
+                       "invalid: no tableq token has this access key id")
+    if not record.active:
         raise SqsError("InvalidClientTokenId", "The access key belongs to a token that was "
                        "revoked or has expired")
+    return record
+
+
+def _still_active(st: ServerState, request: Request) -> None:
+    """For a long poll: its access key's token is still there and active (the signature was
+    checked when the request came in)."""
+    _active_token(st, sigv4.parse_authorization(request.headers.get("authorization")).access_key)
 
 
 def _may(p: Principal, action: str, topic: str) -> None:
