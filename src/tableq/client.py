@@ -1,15 +1,21 @@
 """tableq.client.Client: the Queue's methods over the HTTP API of `tableq serve`, for
 processes that hold a token instead of database credentials (`tableq worker --api URL`).
-Standard library only (http.client, one keep-alive connection per thread). Sends carry an
-Idempotency-Key, so they are retried safely when a connection fails; nothing else is retried
-(an ack whose reply was lost would be a LeaseLost on retry, which the worker already handles
-as a message that comes back after its lease)."""
+Standard library only (http.client, one keep-alive connection per thread).
+
+Retries: a kept-alive connection that the server has closed while it sat idle is seen before
+it is used (its socket reads end-of-file) and replaced. A call that fails on its way out (the
+request not written whole) is tried again on a fresh connection. A call whose reply is lost
+after the request went out is tried again only when doing it twice does what doing it once
+does: reads, sends (they carry an Idempotency-Key), heartbeats. Anything else raises
+ServerUnavailable saying it may have taken effect: a retried at-most-once receive would take
+(and lose) a second batch, and a retried ack would report an acked message as a LeaseLost."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import json
+import select
 import threading
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -67,6 +73,16 @@ def _payload(value: Any) -> dict[str, Any]:
     return {"payload": value}
 
 
+def _closed_by_peer(sock: Any) -> bool:
+    """Whether an idle kept-alive socket has something to read: end-of-file (the server
+    closed it) or bytes no request asked for; either way it is not fit for the next call."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
 def _item(payload: Any, **options: Any) -> dict[str, Any]:
     return {**_payload(payload), **{k: v for k, v in options.items() if v is not None}}
 
@@ -103,6 +119,9 @@ class Client:
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and conn.sock is not None and _closed_by_peer(conn.sock):
+            self._drop()  # the server ended the kept-alive connection while it sat idle
+            conn = None
         if conn is None:
             cls = (http.client.HTTPSConnection if self._scheme == "https"
                    else http.client.HTTPConnection)
@@ -119,13 +138,19 @@ class Client:
 
     def call(self, method: str, path: str, body: Any = None, *,
              headers: Mapping[str, str] | None = None, retries: int = 1,
-             timeout: float | None = None) -> Any:
-        """One API call; returns the decoded JSON body or raises the matching tableq error."""
+             idempotent: bool | None = None, timeout: float | None = None) -> Any:
+        """One API call; returns the decoded JSON body or raises the matching tableq error.
+
+        `retries` is how many times a call may be tried in all; `idempotent` (by default:
+        reads, and calls given more than one try) says whether a call whose reply was lost
+        may be sent again; one that is not raises ServerUnavailable instead."""
         data = json.dumps(body).encode() if body is not None else None
         hdrs = {"Authorization": f"Bearer {self._token}", "Accept": "application/json",
                 **(headers or {})}
         if data is not None:
             hdrs["Content-Type"] = "application/json"
+        if idempotent is None:
+            idempotent = method == "GET" or retries > 1
         last: Exception | None = None
         attempt = 0
         while attempt < retries:
@@ -136,8 +161,10 @@ class Client:
                 conn.timeout = timeout
                 if conn.sock is not None:
                     conn.sock.settimeout(timeout)
+            sent = False
             try:
                 conn.request(method, self._prefix + path, body=data, headers=hdrs)
+                sent = True
                 resp = conn.getresponse()
                 raw = resp.read()
                 status = resp.status
@@ -147,10 +174,15 @@ class Client:
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
                 last = exc
+                if sent and not idempotent:
+                    raise ServerUnavailable(
+                        self.base_url, f"{type(exc).__name__}: {exc} after {method} {path} "
+                        "was sent, so it may have taken effect; it is not sent twice (look at "
+                        "what it would have changed before doing it again)") from exc
                 if reused and isinstance(exc, (http.client.RemoteDisconnected,
                                                ConnectionResetError, BrokenPipeError)):
-                    # A kept-alive connection the server had closed while idle: the request
-                    # never reached it, so one more try on a fresh connection is safe.
+                    # A kept-alive connection that failed at once: one more try on a fresh
+                    # connection, beyond the call's own tries.
                     attempt -= 1
                     reused = False
                 continue
@@ -327,7 +359,7 @@ class Client:
             body["extend"] = _seconds(extend)
         if progress is not None:
             body["progress"] = progress
-        out = self.call("POST", f"/v1/messages/{msg_id}/heartbeat", body)
+        out = self.call("POST", f"/v1/messages/{msg_id}/heartbeat", body, idempotent=True)
         return replace(msg, available_at=_when(out["lease_expires_at"]),
                        progress=progress if progress is not None else msg.progress)
 
@@ -339,7 +371,7 @@ class Client:
         body: dict[str, Any] = {"messages": [{"id": i, "lease": lease} for i, lease in refs]}
         if extend is not None:
             body["extend"] = _seconds(extend)
-        out = self.call("POST", "/v1/messages/heartbeat", body)
+        out = self.call("POST", "/v1/messages/heartbeat", body, idempotent=True)
         until = {h["id"]: _when(h["lease_expires_at"]) for h in out["held"]}
         return [replace(m, available_at=until[m.id]) for m in msgs if m.id in until]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ from tableq.client import Client
 from tableq.server.serve import free_port
 from tableq.testing import wait_until
 from tests.server.conftest import Server
+from tests.server.relay import Relay
 
 APPS = Path(__file__).parent / "apps"
 
@@ -201,3 +203,69 @@ def test_a_gateway_error_is_an_outage_for_the_worker() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_lost_reply_is_sent_again_only_when_that_is_harmless(server: Server) -> None:
+    """The request reached the server and was done; its reply was lost on the way back. A
+    read, a send (Idempotency-Key) or a heartbeat is sent again; an at-most-once receive or
+    an ack is not (a second receive would take and lose a second batch; a second ack would
+    call the acked message lost): ServerUnavailable says it may have taken effect."""
+    relay = Relay(int(server.url.rsplit(":", 1)[1]))
+    try:
+        with Client(relay.url, server.token("admin")) as c:
+            c.send_many("lost", list(range(6)))
+
+            relay.lose_next_reply()
+            before = relay.requests
+            with pytest.raises(tableq.ServerUnavailable, match="may have taken effect"):
+                c.receive("lost", max=2, mode="at_most_once")
+            assert relay.requests == before + 1  # sent once: one batch of two gone, not two
+            assert server.queue.stats("lost", exact=True)[0].ready == 4
+
+            (msg,) = c.receive("lost", max=1)
+            relay.lose_next_reply()
+            with pytest.raises(tableq.ServerUnavailable, match="may have taken effect"):
+                c.ack(msg)
+            (s,) = server.queue.stats("lost", exact=True)
+            assert (s.ready, s.in_flight) == (3, 0)  # acked once, and no LeaseLost for it
+
+            (msg,) = c.receive("lost", max=1)
+            relay.lose_next_reply()
+            before = relay.requests
+            assert c.heartbeat(msg, extend=300).lease_expires_at is not None
+            assert relay.requests == before + 2
+
+            relay.lose_next_reply()
+            sent = c.send("lost", "once")
+            assert sent.status == "sent"
+            assert [m.payload for m in server.queue.peek("lost", limit=10)].count("once") == 1
+            relay.lose_next_reply()
+            assert c.topics() == ["lost"]
+
+            c.send("gone", 1)
+            relay.end_connections()
+            time.sleep(0.1)
+            before = relay.requests
+            # A POST with no body goes out in one write, so a closed connection would fail
+            # only when its reply is read: it is seen before it is used and not used.
+            assert c.purge("gone") == 1
+            assert relay.requests == before + 1
+    finally:
+        relay.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(sq: tableq.Queue) -> None:
+    """A server that ends kept-alive connections after a second: the next call, an ack that is
+    never sent twice, goes out on a fresh connection and succeeds."""
+    from tableq.server import create_app
+    from tableq.server.serve import background
+
+    app = create_app(sq)
+    with background(app, timeout_keep_alive=1) as url:
+        token = Server(url, sq, app).token("admin")
+        with Client(url, token) as c:
+            c.send("idle", 1)
+            (msg,) = c.receive("idle")
+            time.sleep(2.0)  # past the server's keep-alive: it closes the connection
+            c.ack(msg)
+    assert sq.stats("idle", exact=True)[0].in_flight == 0
