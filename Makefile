@@ -29,7 +29,8 @@ check: $(VENV)/.installed
 # CI tier alone, then the longer tier (the same tests with larger sizes, see the README).
 SUITE_FAULT_TESTS := tests/faults/test_model.py tests/faults/test_stale_leases.py \
 	tests/faults/test_dedup.py tests/faults/test_contention.py tests/faults/test_commit_cut.py \
-	tests/faults/test_clock_skew.py tests/faults/test_upgrade.py tests/test_clock.py
+	tests/faults/test_clock_skew.py tests/faults/test_upgrade.py tests/faults/test_silent_cut.py \
+	tests/test_clock.py
 SUITE_SPARK_TESTS := tests/spark/test_stream.py -k "random_points or server_crashed"
 
 faults-suite: $(VENV)/.installed

@@ -7,6 +7,8 @@ errors give advice that fits the database."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
 import pytest
 
@@ -299,6 +301,7 @@ def test_an_option_of_another_database_is_invalid_argument(db_url: str) -> None:
     {"transaction_idle_timeout_s": float("nan")}, {"transaction_idle_timeout_s": "300"},
     {"busy_timeout_s": -1}, {"busy_timeout_s": float("nan")}, {"busy_timeout_s": "x"},
     {"synchronous": ""}, {"synchronous": 2},
+    {"tcp_keepalive_s": 1}, {"tcp_keepalive_s": -1}, {"tcp_keepalive_s": 10**6},
 ])
 def test_backend_options_no_database_takes_are_refused_by_connect(db_url: str,
                                                                  options: dict) -> None:
@@ -322,6 +325,46 @@ def test_a_zero_transaction_idle_timeout_is_no_limit_on_every_server(db_url: str
             time.sleep(1.6)  # past the 1 second MariaDB made of 0
             tx.send("idle0", 2)
         assert q.stats("idle0")[0].ready == 2
+
+
+def _keepalive_of(fd: int) -> tuple[int, ...]:
+    import socket
+
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        return (sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                *(sock.getsockopt(socket.IPPROTO_TCP, option) for option in (
+                    socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT,
+                    socket.TCP_USER_TIMEOUT)))
+    finally:
+        sock.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's TCP socket options")
+@pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)  # SQLite: no server
+def test_connections_give_up_on_a_silent_server_after_tcp_keepalive_s(db_url: str) -> None:
+    """Every connection to a server probes it when silent (TCP keepalive, 60 s by default)
+    and gives up on unacknowledged data as long after, so a network cut that leaves no reset
+    behind is an outage the worker reconnects from, not a call waiting for hours (Linux's
+    keepalive, which both drivers turn on, starts after two hours). Read from the sockets
+    themselves: the pool's and, on PostgreSQL, the LISTEN connection's."""
+    with tableq.connect(db_url, migrate=True) as q, q._backend.pool.connection() as conn:
+        fd = conn.fileno() if hasattr(conn, "fileno") else conn._sock.fileno()
+        assert _keepalive_of(fd) == (1, 30, 10, 3, 60_000)
+    with tableq.connect(db_url, tcp_keepalive_s=12) as q:
+        with q._backend.pool.connection() as conn:
+            fd = conn.fileno() if hasattr(conn, "fileno") else conn._sock.fileno()
+            assert _keepalive_of(fd) == (1, 6, 2, 3, 12_000)
+        if parse_url(db_url).dialect == "postgres":
+            listener = q.listener(["ka"])
+            try:
+                assert _keepalive_of(listener._conn.fileno()) == (1, 6, 2, 3, 12_000)  # type: ignore[union-attr]
+            finally:
+                listener.close()  # type: ignore[union-attr]
+    with tableq.connect(db_url, tcp_keepalive_s=0) as q, q._backend.pool.connection() as conn:
+        fd = conn.fileno() if hasattr(conn, "fileno") else conn._sock.fileno()
+        with open("/proc/sys/net/ipv4/tcp_keepalive_time") as os_default:
+            assert _keepalive_of(fd)[:2] == (1, int(os_default.read()))  # the drivers' own
 
 
 def test_many_calls_take_lists_or_iterables_of_messages(q: tableq.Queue) -> None:

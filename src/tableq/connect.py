@@ -8,6 +8,8 @@ import inspect
 from datetime import timedelta
 from typing import Any
 
+from tableq.backends._keepalive import MAX_S as KEEPALIVE_MAX_S
+from tableq.backends._keepalive import MIN_S as KEEPALIVE_MIN_S
 from tableq.backends.base import Backend
 from tableq.codecs import DEFAULT_MAX_PAYLOAD_BYTES
 from tableq.errors import InvalidArgument, MissingDriver
@@ -62,6 +64,12 @@ def _checked(options: dict[str, Any]) -> dict[str, Any]:
             out[name] = seconds(name, out[name], 0.0)
             if out[name] <= 0:
                 raise InvalidArgument(f"{name} must be more than 0 seconds, not {out[name]}")
+    if "tcp_keepalive_s" in out:
+        alive = out["tcp_keepalive_s"] = seconds("tcp_keepalive_s", out["tcp_keepalive_s"], 0.0)
+        if alive and not KEEPALIVE_MIN_S <= alive <= KEEPALIVE_MAX_S:
+            raise InvalidArgument(
+                f"tcp_keepalive_s must be from {KEEPALIVE_MIN_S} to {KEEPALIVE_MAX_S:,} "
+                f"seconds, not {alive:g}; 0 leaves it to the operating system")
     if "transaction_idle_timeout_s" in out:
         idle = out["transaction_idle_timeout_s"] = seconds(
             "transaction_idle_timeout_s", out["transaction_idle_timeout_s"], 0.0)
@@ -94,7 +102,10 @@ def connect(
     `pool_size`, `connect_timeout_s` (10; `?connect_timeout=` in the URL wins), and
     `transaction_idle_timeout_s` (300: the server rolls
     back a transaction of the library's, such as a queue.transaction(), left idle that long,
-    releasing its locks; 0: no limit; not on MySQL 8); PostgreSQL `vacuum` (True: the queue
+    releasing its locks; 0: no limit; not on MySQL 8), `tcp_keepalive_s` (60: a connection
+    to a server that stopped answering, as behind a network cut, is given up after about that
+    long, by TCP keepalive probes, so the worker reconnects; a long statement is not cut
+    short; 0 leaves it to the operating system); PostgreSQL `vacuum` (True: the queue
     vacuums its message table itself, paced by how many rows it churned, since autovacuum
     comes at most once a minute; False leaves it to autovacuum). A URL parameter the database
     does not take (a misspelled ?schema=, say) is an InvalidURL naming the ones it takes.

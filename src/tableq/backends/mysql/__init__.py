@@ -20,6 +20,8 @@ from pymysql.constants import CLIENT, FIELD_TYPE, SERVER_STATUS
 from pymysql.converters import conversions, convert_datetime, escape_string
 from pymysql.cursors import DictCursor
 
+from tableq.backends._keepalive import DEFAULT_S as KEEPALIVE_S
+from tableq.backends._keepalive import KeepAlive
 from tableq.backends._pool import Deliberate, Pool, interrupted
 from tableq.backends._queries import Migration, load_migrations, load_queries
 from tableq.backends.base import (
@@ -171,7 +173,8 @@ class MySQLBackend(SqlBackend):
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32,
                  connect_timeout_s: float = 10,
-                 transaction_idle_timeout_s: float = 300.0, test_clock: bool = False) -> None:
+                 transaction_idle_timeout_s: float = 300.0,
+                 tcp_keepalive_s: float = KEEPALIVE_S, test_clock: bool = False) -> None:
         self.url, self.where = url, url.redacted
         self.prefix = url.namespace
         self.test_clock = bool(test_clock)
@@ -186,6 +189,7 @@ class MySQLBackend(SqlBackend):
         # Whole seconds on MariaDB, 0 for no limit as on PostgreSQL.
         self.transaction_idle_s = (0 if not transaction_idle_timeout_s
                                    else max(1, math.ceil(transaction_idle_timeout_s)))
+        self.keepalive = KeepAlive.within(tcp_keepalive_s)
         self.migration_lock_wait_s = MIGRATION_LOCK_WAIT_S
         self.mariadb: bool | None = None
         self.packet_limit: int | None = None  # the server's max_allowed_packet
@@ -202,6 +206,8 @@ class MySQLBackend(SqlBackend):
     def _connect(self) -> pymysql.connections.Connection:
         with self.map_errors():
             conn = pymysql.connect(**self.connect_kwargs)
+            if self.keepalive is not None and conn._sock is not None:
+                self.keepalive.apply(conn._sock)
             with conn.cursor() as cur:
                 cur.execute(self.Q.session_time_zone)
                 cur.execute(self.Q.session_isolation)

@@ -17,6 +17,8 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import set_json_loads
 
+from tableq.backends._keepalive import DEFAULT_S as KEEPALIVE_S
+from tableq.backends._keepalive import KeepAlive
 from tableq.backends._pool import Pool
 from tableq.backends._queries import Migration, load_migrations, load_queries
 from tableq.backends.base import (
@@ -235,7 +237,8 @@ class PostgresBackend(SqlBackend):
 
     def __init__(self, url: DatabaseURL, *, pool_size: int = 32, connect_timeout_s: float = 10,
                  application_name: str = "tableq",
-                 transaction_idle_timeout_s: float = 300.0, test_clock: bool = False,
+                 transaction_idle_timeout_s: float = 300.0,
+                 tcp_keepalive_s: float = KEEPALIVE_S, test_clock: bool = False,
                  vacuum: bool = True) -> None:
         self.url, self.where = url, url.redacted
         self.schema = url.namespace
@@ -253,6 +256,9 @@ class PostgresBackend(SqlBackend):
             "connect_timeout": url.connect_timeout(connect_timeout_s),
             "application_name": url.params.get("application_name", application_name),
         }
+        keepalive = KeepAlive.within(tcp_keepalive_s)
+        if keepalive is not None:
+            self.connect_kwargs.update(keepalive.libpq())
         for name in LIBPQ_PARAMS:
             if name in url.params:  # libpq's own, passed through
                 self.connect_kwargs[name] = url.params[name]
