@@ -331,3 +331,65 @@ def test_the_headers_that_say_what_a_request_does_must_be_signed(server: Server)
     assert _signed(server, "GetQueueAttributes", {"QueueUrl": url}).status_code == 200
     assert _signed(server, "GetQueueAttributes", {"QueueUrl": url},
                    added={"X-Amz-Cf-Id": "abc=="}).status_code == 200
+
+
+def test_sqs_rules_for_dedup_ids_attribute_names_json_and_body_size(sq: Any) -> None:
+    """Answered as SQS answers (found by review): a MessageDeduplicationId is 1-128 of
+    letters, digits and punctuation (129 characters were accepted); an attribute name SQS
+    does not define is InvalidAttributeName (it got {}), one it defines that tableq has no
+    value for is left out; a body that is not JSON is SerializationException; a request
+    over --max-body-bytes gets the SQS error shape, with or without a Content-Length (it got
+    the native API's)."""
+    import httpx
+
+    from tests.server.conftest import start
+
+    for server in start(sq, max_body_bytes=4_096):
+        issued = server.issue("admin", ["*"], sqs=True)
+        sqs = sqs_client(server, issued.record.access_key, issued.sqs_secret)  # type: ignore[arg-type]
+        url = sqs.create_queue(QueueName="rules")["QueueUrl"]
+        for bad in ("d" * 129, "has space", "é"):
+            with pytest.raises(botocore.exceptions.ClientError) as refused:
+                sqs.send_message(QueueUrl=url, MessageBody="x", MessageDeduplicationId=bad)
+            assert _code(refused.value) == "InvalidParameterValue", bad
+        edge = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~" + "a" * 96
+        sqs.send_message(QueueUrl=url, MessageBody="x", MessageDeduplicationId=edge)
+        assert [m.key for m in sq.peek("rules")] == [edge]
+
+        with pytest.raises(botocore.exceptions.ClientError) as unknown:
+            sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["NoSuchThing"])
+        assert _code(unknown.value) == "InvalidAttributeName"
+        assert "NoSuchThing" in str(unknown.value)
+        assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"]).get(
+            "Attributes", {}) == {}
+
+        r = _signed_raw(server, "SendMessage", b'{"QueueUrl": ')
+        assert r.status_code == 400 and r.json()["__type"].endswith("SerializationException")
+
+        big = json.dumps({"QueueUrl": url, "MessageBody": "y" * 5_000}).encode()
+        headers = {"X-Amz-Target": "AmazonSQS.SendMessage",
+                   "Content-Type": "application/x-amz-json-1.0"}
+        sized = httpx.post(f"{server.url}/sqs", content=big, headers=headers)
+        streamed = httpx.post(f"{server.url}/sqs", content=iter([big[:2_000], big[2_000:]]),
+                              headers=headers)
+        for r in (sized, streamed):
+            assert r.status_code == 413, r.text
+            assert r.json()["__type"].endswith("RequestTooLarge"), r.text
+            assert r.headers["x-amzn-query-error"] == "RequestTooLarge;Sender"
+            assert "--max-body-bytes" in r.json()["message"]
+        assert len(sq.peek("rules")) == 1
+
+
+def _signed_raw(server: Server, op: str, raw: bytes) -> Any:
+    """A signed request whose body is `raw` bytes (not JSON)."""
+    import botocore.auth
+    import botocore.awsrequest
+    import botocore.credentials
+    import httpx
+
+    issued = server.issue("admin", ["*"], sqs=True)
+    creds = botocore.credentials.Credentials(issued.record.access_key, issued.sqs_secret)
+    req = botocore.awsrequest.AWSRequest("POST", f"{server.url}/sqs", data=raw, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"AmazonSQS.{op}"})
+    botocore.auth.SigV4Auth(creds, "sqs", "eu-west-3").add_auth(req)
+    return httpx.post(req.url, headers=dict(req.headers.items()), content=req.body)

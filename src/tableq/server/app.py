@@ -104,7 +104,12 @@ class Guard:
             await send(message)
 
         length = _header(scope, b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
+        if length is not None and length.isdigit() and int(length) > limit and \
+                scope["path"].rstrip("/") == "/sqs":
+            from tableq.server.sqs import too_large  # the SQS endpoint's own error shape
+
+            await too_large(BodyTooLarge(limit).message)(scope, receive, send_secured)
+        elif length is not None and (not length.isdigit() or int(length) > limit):
             await _send_json(send_secured, 413 if length.isdigit() else 400,
                              errors.body("RequestTooLarge", BodyTooLarge(limit).message)
                              if length.isdigit() else

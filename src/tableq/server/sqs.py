@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
@@ -54,6 +54,15 @@ SQS_TEXT = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
 SQS_CHARSET = "#x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF"
 ATTRIBUTE_NAME = re.compile(
     r"(?!(?i:aws\.|amazon\.)|\.)(?!.*\.\.)[A-Za-z0-9_.-]{1,256}(?<!\.)")
+# SQS's own rule for MessageDeduplicationId (and MessageGroupId).
+DEDUP_ID = re.compile(r"[A-Za-z0-9!-/:-@\[-`{-~]{1,128}")
+# The queue attributes SQS defines that tableq has no value for: asked for, they are left
+# out of the answer, as SQS leaves out those a queue has not set. Any other name is refused.
+QUEUE_ATTRIBUTES = frozenset({
+    "Policy", "CreatedTimestamp", "LastModifiedTimestamp", "MessageRetentionPeriod",
+    "RedrivePolicy", "RedriveAllowPolicy", "FifoQueue", "ContentBasedDeduplication",
+    "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds", "DeduplicationScope",
+    "FifoThroughputLimit", "SqsManagedSseEnabled"})
 DATA_TYPE = re.compile(r"(?:String|Number)(?:\.[A-Za-z0-9_.-]{1,249})?")
 # Our code -> (AWS query-compatible code, HTTP status): what botocore reports as the code.
 _AWS = {
@@ -74,6 +83,9 @@ _AWS = {
     "QueueDoesNotExist": ("AWS.SimpleQueueService.NonExistentQueue", 400),
     "UnsupportedOperation": ("AWS.SimpleQueueService.UnsupportedOperation", 400),
     "InvalidAction": ("InvalidAction", 400),
+    "InvalidAttributeName": ("InvalidAttributeName", 400),
+    "SerializationException": ("SerializationException", 400),
+    "RequestTooLarge": ("RequestTooLarge", 413),
     "ServiceUnavailable": ("ServiceUnavailable", 503),
     "InternalError": ("InternalError", 500),
 }
@@ -83,6 +95,12 @@ class SqsError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code, self.message = code, message
+
+
+def too_large(message: str) -> Response:
+    """A request body over the server's --max-body-bytes, answered in the SQS shape (the
+    Guard and the endpoint call it for /sqs)."""
+    return _error("RequestTooLarge", message)
 
 
 def _error(code: str, message: str) -> Response:
@@ -285,15 +303,20 @@ async def endpoint(request: Request) -> Response:
         return _error("InvalidAction", "this endpoint speaks the SQS JSON protocol: set "
                       "X-Amz-Target: AmazonSQS.<Action> and Content-Type: " + CONTENT_TYPE)
     action = target.split(".", 1)[1]
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except HTTPException as exc:  # the Guard's cap on a body that came without a length
+        if exc.status_code != 413:
+            raise
+        return too_large(str(exc.detail))
     try:
         p = await run_in_threadpool(_authenticate, st, request, raw)
         try:
             params = json.loads(raw or b"{}")
         except (ValueError, RecursionError):
-            raise SqsError("InvalidParameterValue", "the body is not valid JSON") from None
+            raise SqsError("SerializationException", "the body is not valid JSON") from None
         if not isinstance(params, dict):
-            raise SqsError("InvalidParameterValue", "the body must be a JSON object")
+            raise SqsError("SerializationException", "the body must be a JSON object")
         handler = ACTIONS.get(action)
         if handler is None:
             raise SqsError("UnsupportedOperation" if action[:1].isupper() else "InvalidAction",
@@ -398,6 +421,9 @@ def get_queue_attributes(st: ServerState, request: Request, p: Principal,
         "QueueArn": f"arn:aws:sqs:tableq:{ACCOUNT}:{topic}",
     }
     wanted = _names(params, "AttributeNames") or ["All"]
+    unknown = [n for n in wanted if n != "All" and n not in every and n not in QUEUE_ATTRIBUTES]
+    if unknown:
+        raise SqsError("InvalidAttributeName", f"Unknown Attribute {unknown[0]}.")
     return {"Attributes": {k: str(v) for k, v in every.items()
                            if "All" in wanted or k in wanted}}
 
@@ -411,6 +437,10 @@ def _message(topic: str, entry: dict[str, Any]) -> dict[str, Any]:
         raise SqsError("InvalidParameterValue", f"One or more parameters are invalid. Reason: "
                        f"Message must be shorter than {BODY_MAX} bytes.")
     dedup = entry.get("MessageDeduplicationId")
+    if isinstance(dedup, str) and not DEDUP_ID.fullmatch(dedup):
+        raise SqsError("InvalidParameterValue", "MessageDeduplicationId is 1 to 128 "
+                       "characters of a-z, A-Z, 0-9 and punctuation (!\"#$%&'()*+,-./:;<=>?@"
+                       "[\\]^_`{|}~)")
     try:
         check_key(dedup)
     except TableqError as exc:
