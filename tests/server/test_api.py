@@ -318,6 +318,15 @@ def test_errors_are_json_with_codes_and_no_tracebacks(server: Server,
          "PayloadTooLarge"),
         (admin.post("/v1/topics/t/messages", content=b"[" * 200_000 + b"]" * 200_000,
                     headers={"Content-Type": "application/json"}), None, None),
+        # JSON without its content type (curl -d sends a form's): 415 with advice, not a
+        # 422 about the body's fields (found by review).
+        (admin.post("/v1/topics/t/messages", content=b'{"payload": 3}',
+                    headers={"Content-Type": "application/x-www-form-urlencoded"}), 415,
+         "UnsupportedMediaType"),
+        (admin.post("/v1/topics/t/receive", content=b'{"max": 1}'), 415,
+         "UnsupportedMediaType"),
+        (admin.post("/v1/topics/t/messages", content=b'{"payload": 4}',
+                    headers={"Content-Type": "application/vnd.api+json"}), 200, None),
     ]
     wrong = admin.put("/v1/topics/t/messages", json={"payload": 1})
     assert wrong.status_code == 405
@@ -331,7 +340,7 @@ def test_errors_are_json_with_codes_and_no_tracebacks(server: Server,
             err = r.json()["error"]
             assert err["code"] == code and err["message"]
         assert "Traceback" not in r.text
-    assert server.queue.stats("t")[0].ready == 1
+    assert server.queue.stats("t")[0].ready == 2
 
 
 def test_request_limits_before_parsing(server: Server, admin: httpx.Client) -> None:

@@ -56,6 +56,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "Missing, unknown, expired or revoked token"),
         (403, "The token's role or topic scopes do not allow this"),
         (413, "Request body or payload too large"),
+        (415, "A body that is not sent as JSON (Content-Type: application/json)"),
         (422, "Invalid values (names, payloads, limits)"),
         (503, "The queue database is unreachable, busy or not migrated; retry"),
     )

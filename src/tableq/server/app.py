@@ -164,6 +164,13 @@ async def _send_json(send: Send, status: int, content: Any) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
+def _is_json(content_type: str | None) -> bool:
+    """What FastAPI reads as JSON: application/json or a +json type, parameters aside."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/")
+                                           and kind.endswith("+json"))
+
+
 def _error_response(status: int, content: dict[str, Any]) -> JSONResponse:
     headers = {"Retry-After": "1"} if status in errors.RETRYABLE else {}
     if status == 401:  # RFC 9110: a 401 names the scheme that would be accepted
@@ -216,6 +223,12 @@ def create_app(queue: Queue, *, config: ServerConfig | None = None,
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> Response:
+        if any(e.get("loc", ())[:1] == ("body",) for e in exc.errors()) and \
+                not _is_json(request.headers.get("content-type")) and await request.body():
+            return _error_response(415, errors.body(
+                "UnsupportedMediaType", "the body must be JSON sent with Content-Type: "
+                "application/json (curl: --json '{...}'), not "
+                f"{request.headers.get('content-type') or 'no Content-Type'}"))
         problems = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", ""))}
                     for e in exc.errors()[:20]]
         if any(e.get("type") == "json_invalid" for e in exc.errors()):
