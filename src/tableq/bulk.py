@@ -194,9 +194,13 @@ class Bulk:
                 row["lease"] = None  # a reader must never be able to settle someone's delivery
         return rows
 
-    def delete_history(self, source: str, ids: Sequence[int]) -> int:
+    def delete_history(self, source: str, ids: Sequence[int], *,
+                       before: datetime | None = None) -> int:
+        """Deletes dead letters ('dead') or kept acked messages ('done') by id; with `before`,
+        only those that died or were acked before it (one requeued and dead again since it was
+        read keeps its new death). Returns how many."""
         return backend_of(self.queue).history_delete(_source(source, ("dead", "done")),
-                                                     check_ids(ids) or [])
+                                                     check_ids(ids) or [], check_at(before))
 
 
 def _group(topic: str, lease: str, ids: tuple[int, int] | None,

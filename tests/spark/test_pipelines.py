@@ -43,6 +43,39 @@ def test_requeue_routes_and_sorts(spark, any_url: str, tmp_path: Path) -> None:
     q.close()
 
 
+def test_requeue_moves_keyed_messages_and_each_checkpoint_is_its_own_run(
+        spark, any_url: str, tmp_path: Path) -> None:
+    """Found by review, each lost messages: a second requeue with a new checkpoint reused the
+    first run's job ids ('requeue:<topic>:<batch>'), so its blocks were skipped as replays and
+    acked unpublished; a keyed message routed back to its own topic, or into a topic where
+    its key was live, was dropped as a duplicate and acked. Now a run's jobs carry its query
+    id, and a moved message replaces the live one with its key."""
+    q = tableq.connect(any_url, migrate=True)
+    q.send_many("in", [{"payload": {"run": 1, "i": i}, "key": f"r1-{i}"} for i in range(3)])
+    q.send("out", {"old": True}, key="r1-0")  # live in the target: the moved one replaces it
+    first = requeue(spark, any_url, "in", route="'out'", checkpoint=str(tmp_path / "ck1"))
+    q.send_many("in", [{"run": 2, "i": i} for i in range(3)])
+    second = requeue(spark, any_url, "in", route="'out'", checkpoint=str(tmp_path / "ck2"))
+    assert (first.rows, second.rows) == (3, 3)
+    out = q.peek("out", limit=100)
+    assert sorted((m.payload["run"], m.payload["i"]) for m in out) == [
+        (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert sorted(m.key for m in out if m.key) == ["r1-0", "r1-1", "r1-2"]
+
+    # Routed back to its own topic (a re-sort): the keyed ones stay, nothing is lost.
+    q.send_many("same", [{"payload": {"n": n}, "key": f"s{n}"} for n in range(3)])
+    q.send_many("same", [{"n": 3}, {"n": 4}])
+    moved = requeue(spark, any_url, "same", route="'same'", order_by=["id DESC"],
+                    checkpoint=str(tmp_path / "ck3"))
+    assert moved.rows == 5
+    left = q.peek("same", limit=100)
+    assert sorted(m.payload["n"] for m in left) == [0, 1, 2, 3, 4]
+    assert sorted(m.key for m in left if m.key) == ["s0", "s1", "s2"]
+    s = q.stats("same", exact=True)[0]
+    assert (s.ready, s.in_flight, s.dead) == (5, 0, 0)
+    q.close()
+
+
 def _history(url: str) -> tableq.Queue:
     q = tableq.connect(url, migrate=True, retention=True)
     q.send_many("a", [{"i": i} for i in range(40)])
@@ -89,6 +122,58 @@ def test_archive_is_idempotent_after_a_crash_between_write_and_purge(
     assert not res3.resumed and res3.written == {"done": 1, "dead": 0}
     assert spark.read.parquet(f"{out}/done").count() == 38
     assert archive(spark, url, out, older_than=0).written == {"done": 0, "dead": 0}
+    q.close()
+
+
+def test_archive_runs_one_at_a_time_and_resumes_past_a_manifest_cut_short(
+        spark, url: str, tmp_path: Path) -> None:
+    """Found by review: two runs at once lost rows (each overwrote the other's partitions
+    with what was not purged yet) or archived them twice; a crash while the manifest was
+    rewritten left none, and the rerun archived everything again. A run holds a lease-backed
+    lock; manifests are numbered files, each whole or ignored."""
+    from tableq.spark.pipelines.archive import LOCK_TOPIC, ArchiveBusy, RunLock
+
+    q = _history(url)
+    out = str(tmp_path / "archive")
+    with RunLock(q):  # another run is working
+        with pytest.raises(ArchiveBusy, match="another archive run"):
+            archive(spark, url, out, older_than=0)
+    assert not Path(out).exists()
+    with pytest.raises(RuntimeError, match="crash injected"), \
+            injected("archive-crash-after-write"):
+        archive(spark, url, out, older_than=0)
+    folder = Path(out, "_tableq_archive")
+    last = max(folder.glob("manifest-*.json"))
+    number = int(last.stem.split("-")[1]) + 1
+    (folder / f"manifest-{number:08d}.json").write_text('{"run": "cut sh')  # a torn write
+    res = archive(spark, url, out, older_than=0)
+    assert res.resumed and res.written == {"done": 37, "dead": 13}
+    done = spark.read.parquet(f"{out}/done")
+    assert done.count() == 37 and done.select("id").distinct().count() == 37
+    kept = [p.name for p in folder.iterdir() if p.name.startswith("manifest")]
+    assert len(kept) == 1 and kept[0] > f"manifest-{number:08d}.json"  # the finished one
+    assert LOCK_TOPIC not in q.topics() + [s.topic for s in q.stats()]
+    q.close()
+
+
+def test_report_reads_archived_topics_as_text_and_counts_rows_once(
+        spark, url: str, tmp_path: Path) -> None:
+    """Topics "007" and "7" were both read back as the number 7 from the archive's
+    partition names, and rows of a run written but not purged were counted twice."""
+    q = tableq.connect(url, migrate=True, retention=True)
+    for topic in ("007", "7", "007", "7", "007", "7"):
+        q.send(topic, 1)
+        q.ack(q.receive(topic)[0])
+    out = str(tmp_path / "archive")
+    archive(spark, url, out, older_than=0)
+    q.send("007", 2)
+    q.ack(q.receive("007")[0])
+    with pytest.raises(RuntimeError, match="crash injected"), \
+            injected("archive-crash-after-write"):
+        archive(spark, url, out, older_than=0)  # "007"'s new row: written, not purged
+    rep = report(spark, url, archive_path=out, html_path=None)
+    counts = {r["topic"]: int(r["done"]) for r in rep.summary.to_dict("records")}
+    assert counts == {"007": 4, "7": 3}
     q.close()
 
 
@@ -164,6 +249,40 @@ def test_load_files(spark, tmp_path: Path) -> None:
     assert load_jobs(spark, url, "demo", 1000, poison_every=500).rows == 1000
     demo = q.peek("demo", limit=1000)
     assert len(demo) == 1000 and sum(m.payload["poison"] for m in demo) == 2
+    q.close()
+
+
+def test_load_keeps_keys_and_payloads_as_written(spark, tmp_path: Path) -> None:
+    """Found by review: a CSV's key column was inferred as a number, so keys "007" and "7"
+    became one and a message was dropped as a duplicate; JSON lines went through one inferred
+    schema, which added nulls for missing fields and made 1 into 1.0 (and objects into JSON
+    strings beside a string payload); key= was ignored beside a `payload` column, and a
+    `topic` column sent rows elsewhere than the topic given."""
+    url = f"sqlite:///{tmp_path}/keys.db"
+    q = tableq.connect(url, migrate=True)
+    (tmp_path / "k.csv").write_text("id,zip,amount\n007,01234,1\n7,99999,2\n0042,00501,3\n")
+    load_file(spark, url, "csv", str(tmp_path / "k.csv"), key="id")
+    assert sorted(m.key for m in q.peek("csv")) == ["0042", "007", "7"]
+    load_file(spark, url, "text", str(tmp_path / "k.csv"), key="id", infer_types=False)
+    assert sorted(m.payload["zip"] for m in q.peek("text")) == ["00501", "01234", "99999"]
+
+    lines = [{"payload": {"a": 1}, "order": "o1"}, {"payload": {"b": "x"}, "order": "o2"},
+             {"payload": {"a": 2.5}}, {"payload": "just text", "priority": 3}, [1, 2],
+             {"c": 1}]
+    (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    load_file(spark, url, "jl", str(tmp_path / "l.jsonl"), key="order")
+    got = {json.dumps(m.payload): (m.key, m.priority) for m in q.peek("jl", limit=10)}
+    assert got == {'{"a": 1}': ("o1", 0), '{"b": "x"}': ("o2", 0), '{"a": 2.5}': (None, 0),
+                   '"just text"': (None, 3), "[1, 2]": (None, 0), '{"c": 1}': (None, 0)}
+
+    pq = str(tmp_path / "p.parquet")
+    spark.createDataFrame([('{"v": 1}', "o9", "elsewhere")],
+                          "payload string, order_id string, topic string").write.parquet(pq)
+    with pytest.raises(tableq.InvalidArgument, match="topic"):
+        load_file(spark, url, "pq", pq, key="order_id", payload_format="json")
+    spark.read.parquet(pq).drop("topic").write.parquet(pq.replace("p.", "p2."))
+    load_file(spark, url, "pq", pq.replace("p.", "p2."), key="order_id", payload_format="json")
+    assert [(m.key, m.payload) for m in q.peek("pq")] == [("o9", {"v": 1})]
     q.close()
 
 

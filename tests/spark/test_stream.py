@@ -6,6 +6,7 @@ MariaDB. The killed driver is a subprocess; the restart drains in this process's
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -47,6 +48,37 @@ def test_available_now_drains_and_stops(spark, any_url: str, tmp_path: Path) -> 
     assert len({r.lease for r in rows}) == 5  # 20+20+20+20+15, one lease per micro-batch
     s = q.stats("a")[0]
     assert (s.ready, s.in_flight, s.scheduled, s.done) == (0, 0, 1, 95)  # all acked, even the last
+    q.close()
+
+
+def test_a_sink_name_with_a_new_checkpoint_is_a_new_run(spark, url: str, tmp_path: Path) -> None:
+    """docs/spark.md's a -> b stream, run again with a fresh checkpoint and the same sinkName
+    (found by review): its batch ids start again at 0, and its jobs were '<sinkName>:<batch>',
+    already committed by the first run: skipped as replays, their messages acked unpublished.
+    Jobs now carry the query id too. Byte payloads travel in payload_bytes (the example's
+    select of payload alone made them JSON null)."""
+    q = tableq.connect(url, migrate=True)
+
+    def run(ck: str) -> None:
+        stream = spark.readStream.format("tableq").option("url", url).option("topic", "a").load()
+        query = (stream.select("payload", "payload_bytes", "key").writeStream.format("tableq")
+                 .option("url", url).option("topic", "b").option("payloadFormat", "json")
+                 .option("sinkName", "a-to-b").option("checkpointLocation", ck)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert not query.isActive
+
+    q.send_many("a", [{"run": 1, "i": i} for i in range(3)])
+    q.send("a", b"\x01\x02binary")
+    run(str(tmp_path / "ck1"))
+    q.send_many("a", [{"run": 2, "i": i} for i in range(3)])
+    run(str(tmp_path / "ck2"))
+    got = [m.payload for m in q.peek("b", limit=100)]
+    assert b"\x01\x02binary" in got
+    assert sorted((p["run"], p["i"]) for p in got if isinstance(p, dict)) == [
+        (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    s = q.stats("a", exact=True)[0]
+    assert (s.ready, s.in_flight) == (0, 0)
     q.close()
 
 
@@ -262,7 +294,8 @@ def test_killed_at_random_points_and_restarted_is_exactly_once(spark, any_url: s
     publish_batch = _last_batch(ck, "commits") + 1 + later
     publish = f"exit-after-publish:{publish_batch}"
     _dies(_child(url, ck, log, fault=publish), log, publish)
-    assert Bulk(q).staged_job_state(f"a-to-b:{publish_batch}") == "committed"
+    query_id = json.loads((ck / "metadata").read_text())["id"]  # kept across restarts
+    assert Bulk(q).staged_job_state(f"a-to-b:{query_id}:{publish_batch}") == "committed"
     # Spark never logged that batch's commit, so the restart replays it (publishing nothing
     # twice), even when it was the last batch and topic b already holds every row.
     assert _last_batch(ck, "commits") < publish_batch, "Spark logged the commit: no replay"

@@ -182,6 +182,34 @@ def test_dead_driver_staging_is_cleaned_by_the_next_load(spark, url: str) -> Non
     q.close()
 
 
+def test_a_rerun_of_a_job_whose_driver_died_publishes_its_own_rows(spark, any_url: str) -> None:
+    """Rerunning a load with its jobId after its driver died (what jobId is for): the dead
+    run's tasks left rows staged under parts 0 and 1, the numbers the new application's task
+    attempts start from again. They staged onto the dead run's parts, and the publish found
+    more rows than its tasks reported (LoadIncomplete, blaming a database crash; found by
+    review). A writer run's parts are its own now; the dead run's rows are dropped."""
+    q = tableq.connect(any_url, migrate=True)
+    for part in (0, 1):
+        Bulk(q).stage_many("daily-load", part, "daily", [{"dead": part, "i": i} for i in range(30)])
+    rows = spark.range(0, 100, 1, 2).select(F.struct("id").alias("payload"))
+    _save(rows, any_url, topic="daily", jobId="daily-load")
+    got = q.peek("daily", limit=1000)
+    assert sorted(m.payload["id"] for m in got) == list(range(100))
+    assert Bulk(q).staged_job_state("daily-load") == "committed"
+    q.close()
+
+
+def test_an_empty_topic_column_is_refused_not_sent_to_the_option(spark, url: str) -> None:
+    """Only a null `topic` falls back to the 'topic' option; "" was sent there (review)."""
+    q = tableq.connect(url, migrate=True)
+    rows = spark.createDataFrame([({"a": 1}, ""), ({"a": 2}, None)],
+                                 "payload map<string,int>, topic string")
+    with pytest.raises(Exception, match="topic"):
+        _save(rows, url, topic="dflt")
+    assert q.peek("dflt") == []
+    q.close()
+
+
 @pytest.mark.parametrize(
     ("build", "options", "error"),
     [

@@ -361,7 +361,8 @@ class Backend(ABC):
         self, source: str, topic: str | None, lo: int, hi: int, before: datetime | None
     ) -> list[Row]: ...
     @abstractmethod
-    def history_delete(self, source: str, ids: Sequence[int]) -> int: ...
+    def history_delete(self, source: str, ids: Sequence[int],
+                       before: datetime | None = None) -> int: ...
 
     # --- migrations as they stand, read without taking the migration lock (readiness)
     @abstractmethod

@@ -747,11 +747,12 @@ class SqlBackend(Backend):
         return self._shaped(getattr(self.Q, f"history_rows_{source}"),
                             {"topic": topic, "lo": lo, "hi": hi, "before": self._db_time(before)})
 
-    def history_delete(self, source: str, ids: Sequence[int]) -> int:
+    def history_delete(self, source: str, ids: Sequence[int],
+                       before: datetime | None = None) -> int:
         if not ids:
             return 0
         q = self.Q.history_delete_dead if source == "dead" else self.Q.history_delete_done
-        return self._change(q, {"ids": self._ids(ids)})
+        return self._change(q, {"ids": self._ids(ids), "before": self._db_time(before)})
 
     # --- access tokens and idempotency records (HTTP server) ------------------------------
 

@@ -4,23 +4,53 @@ only when a command runs, so `tableq --help` works without it."""
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import click
+
+from tableq.errors import TableqError
 
 MASTER_HELP = ("Spark master: local[*] by default; e.g. spark://host:7077 or yarn. Under "
                "spark-submit the master it was given is used unless this is set.")
 
 
 def _url(ctx: click.Context, url: str | None) -> str:
-    if url:
-        return url
+    """The queue's URL: this command's --url, else tableq's (--url, $TABLEQ_URL, the default
+    SQLite file). A SQLite path with no file is refused, as by every command but migrate:
+    opening it would create an empty queue (and Spark would fail on it with a traceback)."""
     obj = ctx.find_root().obj
-    found = getattr(obj, "url", None)
-    if not found:
-        raise click.UsageError("give --url (or set TABLEQ_URL)")
-    return str(found)
+    if url:
+        obj.use_url(url)
+    obj.refuse_missing_sqlite_file()
+    return str(obj.url)
+
+
+# A tableq error raised inside Spark (a task, a data source, foreachBatch) reaches the driver
+# wrapped in Spark's exception, with the Python traceback in its text.
+_TABLEQ_ERROR = re.compile(r"tableq\.errors\.(\w+): ([^\n]*)")
+
+
+@contextmanager
+def _spark_errors() -> Iterator[None]:
+    """Spark's exceptions as one line: the tableq error inside, if there is one."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, (click.ClickException, TableqError)) or \
+                not type(exc).__module__.startswith(("pyspark", "py4j")):
+            raise
+        text = str(exc)
+        found = _TABLEQ_ERROR.findall(text)
+        if found:
+            name, message = found[-1]
+            raise click.ClickException(f"{name}: {message}") from exc
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        raise click.ClickException(f"Spark failed: {type(exc).__name__}: {first} (rerun "
+                                   "with --debug for the traceback)") from exc
 
 
 def _session(master: str | None, app: str) -> Any:
@@ -56,10 +86,13 @@ def pipeline() -> None:
 @click.option("--payload-json", is_flag=True,
               help="A string `payload` column holds JSON text (parse it).")
 @click.option("--on-duplicate", type=click.Choice(["ignore", "replace"]), default="ignore")
+@click.option("--no-infer-types", "no_infer", is_flag=True,
+              help="Keep a CSV's values as text (by default numbers, booleans and times are "
+                   "inferred; the --key column is text either way).")
 @click.pass_context
 def load(ctx: click.Context, url: str | None, master: str | None, path: str, topic: str,
          fmt: str | None, key: str | None, payload_json: bool,
-         on_duplicate: Literal["ignore", "replace"]) -> None:
+         on_duplicate: Literal["ignore", "replace"], no_infer: bool) -> None:
     """Bulk-enqueue a CSV, JSON-lines or Parquet file, exactly once as a whole. A `payload`
     column is used as the payload (with key, kind, headers, priority, delay_s, available_at
     columns if present); otherwise each row becomes a JSON object payload."""
@@ -70,8 +103,10 @@ def load(ctx: click.Context, url: str | None, master: str | None, path: str, top
     def show(done: int, total: int) -> None:
         click.echo(f"\rtasks {done}/{total}", nl=False, err=True)
 
-    r = load_file(spark, url, topic, path, fmt=fmt, key=key, on_duplicate=on_duplicate,
-                  payload_format="json" if payload_json else "string", on_progress=show)
+    with _spark_errors():
+        r = load_file(spark, url, topic, path, fmt=fmt, key=key, on_duplicate=on_duplicate,
+                      payload_format="json" if payload_json else "string", on_progress=show,
+                      infer_types=not no_infer)
     click.echo("", err=True)
     rate = r.rows / r.seconds if r.seconds > 0 else 0.0
     click.echo(f"loaded {r.rows:,} rows into {topic!r} in {r.seconds:.1f}s "
@@ -86,7 +121,7 @@ def load(ctx: click.Context, url: str | None, master: str | None, path: str, top
                    "key, kind, payload (JSON text), headers, priority, attempts, ...")
 @click.option("--order-by", multiple=True, default=("priority DESC", "id"), show_default=True,
               help="Sort within a block (repeatable), e.g. \"get_json_object(payload,'$.at')\".")
-@click.option("--block-rows", type=int, default=1000, show_default=True)
+@click.option("--block-rows", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--checkpoint", required=True, help="Spark checkpoint directory (keep it: a "
                                                   "rerun continues from it).")
 @click.option("--follow", is_flag=True, help="Keep running instead of stopping when drained.")
@@ -98,17 +133,18 @@ def requeue(ctx: click.Context, url: str | None, master: str | None, topic: str,
     spark = _session(master, "tableq-requeue")
     from tableq.spark.pipelines.requeue import requeue as run
 
-    r = run(spark, url, topic, route=route, order_by=list(order_by), block_rows=block_rows,
-            checkpoint=checkpoint, follow=follow)
+    with _spark_errors():
+        r = run(spark, url, topic, route=route, order_by=list(order_by),
+                block_rows=block_rows, checkpoint=checkpoint, follow=follow)
     click.echo(f"requeued {r.rows:,} messages from {topic!r} in {r.batches} blocks")
 
 
 @pipeline.command()
 @common
 @click.option("--out", required=True, help="Archive directory (local, hdfs://, s3a://...).")
-@click.option("--older-than", type=float, default=86400.0, show_default=True,
+@click.option("--older-than", type=click.FloatRange(min=0), default=86400.0, show_default=True,
               help="Archive messages done or dead more than this many seconds ago.")
-@click.option("--purge-batch", type=int, default=5000, show_default=True)
+@click.option("--purge-batch", type=click.IntRange(min=1), default=5000, show_default=True)
 @click.pass_context
 def archive(ctx: click.Context, url: str | None, master: str | None, out: str,
             older_than: float, purge_batch: int) -> None:
@@ -118,7 +154,8 @@ def archive(ctx: click.Context, url: str | None, master: str | None, out: str,
     spark = _session(master, "tableq-archive")
     from tableq.spark.pipelines.archive import archive as run
 
-    r = run(spark, url, out, older_than=older_than, purge_batch=purge_batch)
+    with _spark_errors():
+        r = run(spark, url, out, older_than=older_than, purge_batch=purge_batch)
     click.echo(f"archive run {r.run}{' (resumed)' if r.resumed else ''}: cut-off "
                f"{r.cutoff.isoformat(timespec='seconds')}")
     for src in r.written:

@@ -23,6 +23,8 @@ WRITE_COLUMNS = ("payload", "payload_bytes", "topic", "key", "kind", "headers", 
 MAX_ROWS_DEFAULT = 1000
 LEASE_SECONDS_DEFAULT = 300.0
 STALE_JOB_SECONDS_DEFAULT = 3600.0
+# A stream batch's job is '<sinkName>:<queryId>:<batchId>', at most 200 characters in all.
+SINK_NAME_MAX = 100
 
 
 class OptionError(InvalidArgument):
@@ -164,11 +166,11 @@ class WriteOptions(_HasURL):
         url = url_of(opts)
         has_topic_column = columns is not None and "topic" in columns
         job_id = _get(opts, "jobId")
-        if job_id is not None and not (1 <= len(job_id) <= 150 and job_id.isprintable()):
-            raise OptionError("jobId", "must be 1-150 printable characters")
+        if job_id is not None and not (1 <= len(job_id) <= 200 and job_id.isprintable()):
+            raise OptionError("jobId", "must be 1-200 printable characters")
         sink = _get(opts, "sinkName")
-        if sink is not None and not (1 <= len(sink) <= 150 and sink.isprintable()):
-            raise OptionError("sinkName", "must be 1-150 printable characters")
+        if sink is not None and not (1 <= len(sink) <= SINK_NAME_MAX and sink.isprintable()):
+            raise OptionError("sinkName", f"must be 1-{SINK_NAME_MAX} printable characters")
         return cls(
             url=url,
             topic=_topic(opts, required=not has_topic_column),

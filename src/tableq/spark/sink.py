@@ -6,6 +6,7 @@ to queue items and Spark's commit protocol to them."""
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -277,7 +278,9 @@ class RowMapper:
                 item["delay"] = _delay(cols["delay_s"][i])
             if "available_at" in cols and cols["available_at"][i] is not None:
                 item["at"] = _at(cols["available_at"][i])
-            topic = (topics[i] if topics is not None else None) or self.opts.topic
+            topic = topics[i] if topics is not None else None
+            if topic is None:  # only a null falls back to the option: "" is refused below
+                topic = self.opts.topic
             if topic is None:
                 raise InvalidArgument(f"row {i} has a null topic and no 'topic' option is set")
             out.setdefault(topic, []).append(item)
@@ -295,10 +298,22 @@ class StagedPart(WriterCommitMessage):
     rows: int
 
 
+RUN_BITS = 31  # a writer run's random number, above the task attempt id's 32 bits
+
+
+def new_run() -> int:
+    """A writer run's number (drawn on the driver when the writer is made): a part number is
+    (run << 32) | task attempt id, because task attempt ids start again at 0 in every Spark
+    application, so a rerun of a job after its driver died would otherwise stage onto the
+    dead run's open parts (and its publish find more rows than its tasks reported)."""
+    return secrets.randbelow(1 << RUN_BITS)
+
+
 def stage_task(plan: tuple[tuple[str, DataType], ...], opts: WriteOptions, job: str,
-               batches: Iterator[Any]) -> StagedPart:
+               batches: Iterator[Any], run: int = 0) -> StagedPart:
     ctx = TaskContext.get()
-    part = ctx.taskAttemptId() if ctx is not None else 0
+    attempt = ctx.taskAttemptId() if ctx is not None else 0
+    part = (run << 32) | (attempt & 0xFFFFFFFF)
     partition = ctx.partitionId() if ctx is not None else 0
     q = bulk_for(opts.url)
     mapper = RowMapper(plan, opts)
@@ -360,9 +375,10 @@ class TableqWriter(DataSourceArrowWriter):
     def __init__(self, plan: tuple[tuple[str, DataType], ...], opts: WriteOptions) -> None:
         self.plan, self.opts = plan, opts
         self.job = opts.job_id or f"spark-{uuid.uuid4().hex}"
+        self.run = new_run()
 
     def write(self, iterator: Iterator[Any]) -> StagedPart:
-        return stage_task(self.plan, self.opts, self.job, iterator)
+        return stage_task(self.plan, self.opts, self.job, iterator, self.run)
 
     def commit(self, messages: list[Any]) -> None:
         point("sink.commit", job=self.job)  # tests fail the commit here: Spark must abort
@@ -398,19 +414,30 @@ def _query_id() -> str | None:
     return ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
 
 
+def stream_job(sink_name: str | None, query_id: str | None, batch_id: int | str) -> str:
+    """A micro-batch's job: '[<sinkName>:]<queryId>:<batchId>'. The query id persists across
+    restarts of one checkpoint, so a replayed batch finds its job committed; a new checkpoint
+    is a new query whose batch ids start again at 0, and must not find the old query's jobs
+    (its batches would be skipped as replays and their messages acked unpublished)."""
+    if query_id:
+        return f"{sink_name}:{query_id}:{batch_id}" if sink_name else f"{query_id}:{batch_id}"
+    if sink_name:
+        return f"{sink_name}:{batch_id}"
+    raise OptionError("sinkName", "is required: no streaming query id is visible to this "
+                                  "task; set .option('sinkName', 'orders-to-b')")
+
+
 class TableqStreamWriter(DataSourceStreamArrowWriter):
-    """Streaming write: each micro-batch is staged under job '<sink>:<batchId>' and published
+    """Streaming write: each micro-batch is staged under its job (stream_job) and published
     by commit(); publish_staged's job ledger makes a replayed batch a no-op."""
 
     def __init__(self, plan: tuple[tuple[str, DataType], ...], opts: WriteOptions) -> None:
         self.plan, self.opts = plan, opts
+        self.run = new_run()
 
     def write(self, iterator: Iterator[Any]) -> StagedPart:
-        sink = self.opts.sink_name or _query_id()
-        if not sink:
-            raise OptionError("sinkName", "is required: no streaming query id is visible to "
-                                          "this task; set .option('sinkName', 'orders-to-b')")
-        return stage_task(self.plan, self.opts, f"{sink}:{_batch_id()}", iterator)
+        job = stream_job(self.opts.sink_name, _query_id(), _batch_id())
+        return stage_task(self.plan, self.opts, job, iterator, self.run)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         staged = [m for m in messages if isinstance(m, StagedPart)]

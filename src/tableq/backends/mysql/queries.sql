@@ -437,7 +437,8 @@ FROM {p}dead WHERE id IN %(ids)s ORDER BY id;
 
 -- name: dead_delete_requeued :exec
 -- The dead letters that dead_requeue moved back (by id).
-DELETE FROM {p}dead WHERE id IN %(ids)s;
+DELETE FROM {p}dead WHERE id IN %(ids)s
+  AND (%(before)s IS NULL OR dead_at < %(before)s);
 
 -- name: dead_purge :exec
 DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
@@ -579,10 +580,12 @@ WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s IS NULL OR topic = %(topic)s)
 ORDER BY id;
 
 -- name: history_delete_dead :exec
-DELETE FROM {p}dead WHERE id IN %(ids)s;
+DELETE FROM {p}dead WHERE id IN %(ids)s
+  AND (%(before)s IS NULL OR dead_at < %(before)s);
 
 -- name: history_delete_done :exec
-DELETE FROM {p}done WHERE id IN %(ids)s;
+DELETE FROM {p}done WHERE id IN %(ids)s
+  AND (%(before)s IS NULL OR done_at < %(before)s);
 
 -- --- tableq doctor: read-only facts about the server (judged in tableq.doctor) ---------------
 

@@ -1125,10 +1125,12 @@ WHERE id BETWEEN %(lo)s AND %(hi)s AND (%(topic)s::text IS NULL OR topic = %(top
 ORDER BY id;
 
 -- name: history_delete_dead :exec
-DELETE FROM {schema}.dead WHERE id = ANY(%(ids)b::bigint[]);
+DELETE FROM {schema}.dead WHERE id = ANY(%(ids)b::bigint[])
+  AND (%(before)s::timestamptz IS NULL OR dead_at < %(before)s);
 
 -- name: history_delete_done :exec
-DELETE FROM {schema}.done WHERE id = ANY(%(ids)b::bigint[]);
+DELETE FROM {schema}.done WHERE id = ANY(%(ids)b::bigint[])
+  AND (%(before)s::timestamptz IS NULL OR done_at < %(before)s);
 
 -- --- tableq doctor: read-only facts about the server (judged in tableq.doctor) ---------------
 

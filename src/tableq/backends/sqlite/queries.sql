@@ -510,10 +510,12 @@ WHERE id BETWEEN :lo AND :hi AND (:topic IS NULL OR topic = :topic)
 ORDER BY id;
 
 -- name: history_delete_dead :exec
-DELETE FROM {p}dead WHERE id IN (SELECT value FROM json_each(:ids));
+DELETE FROM {p}dead WHERE id IN (SELECT value FROM json_each(:ids))
+  AND (:before IS NULL OR dead_at < :before);
 
 -- name: history_delete_done :exec
-DELETE FROM {p}done WHERE id IN (SELECT value FROM json_each(:ids));
+DELETE FROM {p}done WHERE id IN (SELECT value FROM json_each(:ids))
+  AND (:before IS NULL OR done_at < :before);
 
 -- --- tableq doctor: read-only facts about the database file (judged in tableq.doctor) -------
 

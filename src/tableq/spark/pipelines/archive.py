@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -17,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
+from tableq.errors import InvalidArgument, LeaseLost, TableqError
 from tableq.spark._queues import bulk_for
 from tableq.spark._seam import point
 
@@ -40,7 +43,52 @@ def _manifest_path(out: str) -> str:
     return out.rstrip("/") + "/_tableq_archive/pending"
 
 
+def _manifest_dir(out: str) -> str:
+    return out.rstrip("/") + "/_tableq_archive"
+
+
+MANIFEST = re.compile(r"manifest-(\d{8})\.json")
+
+
+def _fs(spark: Any, path: str) -> tuple[Any, Any]:
+    """Hadoop's FileSystem for `path` (local disk, HDFS, S3...) and the path, as Spark's
+    own writes reach it."""
+    jpath = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return jpath.getFileSystem(spark._jsc.hadoopConfiguration()), jpath
+
+
+def _manifests(spark: Any, out: str) -> list[tuple[int, Any]]:
+    fs, folder = _fs(spark, _manifest_dir(out))
+    if not fs.exists(folder):
+        return []
+    found = [(MANIFEST.fullmatch(st.getPath().getName()), st.getPath())
+             for st in fs.listStatus(folder)]
+    return sorted((int(m.group(1)), path) for m, path in found if m)
+
+
 def _read_manifest(spark: Any, out: str) -> dict[str, Any] | None:
+    """The run's latest manifest, or None when no run is pending. Each manifest is a new file
+    (manifest-<n>.json, written then renamed into place): none is ever deleted or rewritten
+    while its run is open, so a crash at any moment leaves the last whole one to resume from.
+    (It was one file overwritten in place; a crash in the overwrite left none, and the rerun
+    started a new run that archived the same rows again.)"""
+    fs, _ = _fs(spark, _manifest_dir(out))
+    for _, path in reversed(_manifests(spark, out)):
+        stream = fs.open(path)
+        try:
+            text = bytes(spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+        try:
+            value = json.loads(text.decode("utf-8"))
+        except ValueError:
+            continue  # cut short by a crash: the one before it holds
+        return value if value.get("state") != "finished" else None
+    return _read_old_manifest(spark, out)
+
+
+def _read_old_manifest(spark: Any, out: str) -> dict[str, Any] | None:
+    """A run left pending by a tableq that kept one manifest at _tableq_archive/pending."""
     try:
         row = spark.read.text(_manifest_path(out)).first()
     except Exception as exc:  # a missing path is the normal "no pending run" case
@@ -54,9 +102,27 @@ def _read_manifest(spark: Any, out: str) -> dict[str, Any] | None:
 
 
 def _write_manifest(spark: Any, out: str, manifest: dict[str, Any]) -> None:
-    # Through Spark, so it works wherever the Parquet goes (local disk, HDFS, S3...).
-    (spark.createDataFrame([(json.dumps(manifest, sort_keys=True),)], "value string")
-     .coalesce(1).write.mode("overwrite").text(_manifest_path(out)))
+    """The next numbered manifest, whole or not at all (written aside, then renamed). Once a
+    run has finished, the manifests before its last are removed."""
+    fs, folder = _fs(spark, _manifest_dir(out))
+    existing = _manifests(spark, out)
+    seq = existing[-1][0] + 1 if existing else 1
+    jvm = spark._jvm
+    final = jvm.org.apache.hadoop.fs.Path(folder, f"manifest-{seq:08d}.json")
+    aside = jvm.org.apache.hadoop.fs.Path(folder, f".manifest-{seq:08d}.json.tmp")
+    stream = fs.create(aside, True)
+    try:
+        stream.write(bytearray(json.dumps(manifest, sort_keys=True).encode("utf-8")))
+    finally:
+        stream.close()
+    if not fs.rename(aside, final):
+        raise RuntimeError(f"could not rename the archive manifest into {final.toString()}")
+    if manifest.get("state") == "finished":
+        for _, path in existing:
+            fs.delete(path, False)
+        old = jvm.org.apache.hadoop.fs.Path(_manifest_path(out))
+        if fs.exists(old):
+            fs.delete(old, True)
 
 
 def _new_run(q: Any, cutoff: datetime, sources: tuple[str, ...]) -> dict[str, Any]:
@@ -75,11 +141,23 @@ def archive(spark: Any, url: str, out: str, *, older_than: float | timedelta = 8
     """Moves done and dead messages older than `older_than` seconds (by done_at / dead_at)
     to Parquet under `out`/done and `out`/dead (partitioned by topic, date and run), then purges
     them. Safe to rerun after a crash at any point: an unfinished run is resumed first."""
+    age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+    if isinstance(age, bool) or not isinstance(age, (int, float)) or not 0 <= age < 1e10:
+        # A cut-off in the future would purge rows that died after the Parquet was written.
+        raise InvalidArgument(f"older_than must be 0 seconds or more, not {older_than!r}")
+    if isinstance(purge_batch, bool) or not isinstance(purge_batch, int) or purge_batch < 1:
+        raise InvalidArgument(f"purge_batch must be a whole number of 1 or more, not "
+                              f"{purge_batch!r}")
     q = bulk_for(url)
+    with RunLock(q.queue) as lock:
+        return _run(spark, url, out, q, lock, age, sources, purge_batch)
+
+
+def _run(spark: Any, url: str, out: str, q: Any, lock: RunLock, age: float,
+         sources: tuple[str, ...], purge_batch: int) -> ArchiveResult:
     manifest = _read_manifest(spark, out)
     resumed = manifest is not None
     if manifest is None:
-        age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         manifest = _new_run(q, q.queue.now() - timedelta(seconds=float(age)), sources)
         _write_manifest(spark, out, manifest)
     run, cutoff = manifest["run"], datetime.fromisoformat(manifest["cutoff"])
@@ -89,11 +167,14 @@ def archive(spark: Any, url: str, out: str, *, older_than: float | timedelta = 8
         if step["state"] == "new":
             step["rows"] = _write_parquet(spark, url, out, src, step, run, cutoff)
             step["state"] = "written"
+            lock.check()
             _write_manifest(spark, out, manifest)
             point("archive.written", run=run, source=src)  # tests crash the run here
         if step["state"] == "written":
-            step["purged"] = step.get("purged", 0) + _purge(q, src, step, cutoff, purge_batch)
+            step["purged"] = step.get("purged", 0) + _purge(q, src, step, cutoff, purge_batch,
+                                                            lock)
             step["state"] = "purged"
+            lock.check()
             _write_manifest(spark, out, manifest)
         result.written[src] = int(step.get("rows", 0))
         result.purged[src] = int(step.get("purged", 0))
@@ -102,6 +183,76 @@ def archive(spark: Any, url: str, out: str, *, older_than: float | timedelta = 8
     log.info("tableq.archive_done run=%s written=%s purged=%s", run, result.written,
              result.purged)
     return result
+
+
+LOCK_TOPIC = "tableq.archive-lock"
+LOCK_LEASE_S = 120.0
+
+
+class RunLock:
+    """One archive run at a time on a queue database: the run holds the lease of the one
+    message of topic tableq.archive-lock (sent by the run, deleted when it ends), extended
+    every 30 s while the run goes on. Two runs at once selected the same rows and
+    overwrote each other's Parquet partitions with whatever the other had not purged yet, so
+    rows were lost, or archived twice. A run whose driver died lets go when the lease ends
+    (2 minutes); a run whose lease was lost stops before its next purge or manifest."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+        self.msg: Any = None
+        self.lost: Exception | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def __enter__(self) -> RunLock:
+        self.queue.send(LOCK_TOPIC, {"lock": "archive"}, key="archive")
+        held = self.queue.receive(LOCK_TOPIC, visibility_timeout=LOCK_LEASE_S,
+                                  max_attempts=2**31 - 1)  # a crashed run is not a failure
+        if not held:
+            raise ArchiveBusy(LOCK_TOPIC, LOCK_LEASE_S)
+        self.msg = held[0]
+        self._beat = threading.Thread(target=self._beats, name="tableq-archive-lock",
+                                      daemon=True)
+        self._beat.start()
+        return self
+
+    def _beats(self) -> None:
+        while not self._stop.wait(LOCK_LEASE_S / 4):
+            try:
+                self.msg = self.queue.heartbeat(self.msg, extend=LOCK_LEASE_S)
+            except LeaseLost as exc:
+                self.lost = exc
+                return
+            except TableqError as exc:  # an outage: the next beat tries again in time
+                log.warning("tableq.archive_lock_beat_failed error=%s", exc)
+
+    def check(self) -> None:
+        """Raises if the lease was lost (another run may hold the lock now)."""
+        if self.lost is not None:
+            raise ArchiveBusy(LOCK_TOPIC, LOCK_LEASE_S, lost=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if self.lost is None:
+            try:
+                # Still ours (a heartbeat says so), then gone: the topic lists nothing between
+                # runs. A run that found it leased meanwhile stopped, so none holds it.
+                self.queue.heartbeat(self.msg, extend=LOCK_LEASE_S)
+                self.queue.purge(LOCK_TOPIC)
+            except TableqError as error:  # then the lease ends by itself
+                log.warning("tableq.archive_lock_not_released error=%s", error)
+
+
+class ArchiveBusy(TableqError):
+    def __init__(self, topic: str, lease_s: float, *, lost: bool = False) -> None:
+        what = ("this archive run lost its lock (its lease ran out, as after a long pause)"
+                if lost else "another archive run is working on this queue database")
+        super().__init__(
+            f"{what}: it holds the lease of the message in topic {topic!r}. Let it finish "
+            f"and run again; a run whose driver died lets go within {lease_s:g} s, and a "
+            "rerun resumes its pending run")
 
 
 def _write_parquet(spark: Any, url: str, out: str, src: str, step: dict[str, Any], run: str,
@@ -118,7 +269,9 @@ def _write_parquet(spark: Any, url: str, out: str, src: str, step: dict[str, Any
     (df.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
      .partitionBy("topic", "date", "run").parquet(target))
     try:
-        written = spark.read.parquet(target).where(F.col("run") == run).count()
+        # The partition columns as written (text), not as Spark would guess them.
+        written = (spark.read.schema(df.schema).parquet(target).where(F.col("run") == run)
+                   .count())
     except Exception as exc:
         if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
             return 0
@@ -127,7 +280,8 @@ def _write_parquet(spark: Any, url: str, out: str, src: str, step: dict[str, Any
     return int(written)
 
 
-def _purge(q: Any, src: str, step: dict[str, Any], cutoff: datetime, batch: int) -> int:
+def _purge(q: Any, src: str, step: dict[str, Any], cutoff: datetime, batch: int,
+           lock: RunLock) -> int:
     """Deletes exactly the rows the run selected (id range and older than the cut-off), a
     bounded id window at a time, so no transaction holds many rows."""
     purged, lo, hi = 0, int(step["lo"]), int(step["hi"])
@@ -135,7 +289,8 @@ def _purge(q: Any, src: str, step: dict[str, Any], cutoff: datetime, batch: int)
         top = min(hi, lo + batch - 1)
         ids = [r["id"] for r in q.history(src, None, lo, top, before=cutoff)]
         if ids:
-            purged += q.delete_history(src, ids)
+            lock.check()
+            purged += q.delete_history(src, ids, before=cutoff)
         lo = top + 1
     log.info("tableq.archive_purged source=%s rows=%d", src, purged)
     return purged

@@ -23,6 +23,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 log = logging.getLogger("tableq.spark")
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -115,14 +116,21 @@ def report(spark: Any, url: str, *, html_path: str | None = None,
 def _with_archive(spark: Any, done: DataFrame, dead: DataFrame, path: str,
                   topic: str | None) -> tuple[DataFrame, DataFrame]:
     def add(df: DataFrame, sub: str) -> DataFrame:
+        # The partition columns as text: left to Spark, topic=007 and topic=7 both read as
+        # the number 7 (and a topic that is not a number beside them failed the cast).
+        schema = StructType([*df.schema.fields, StructField("date", StringType()),
+                             StructField("run", StringType())])
         try:
-            arch = spark.read.parquet(f"{path.rstrip('/')}/{sub}")
+            arch = spark.read.schema(schema).parquet(f"{path.rstrip('/')}/{sub}")
         except Exception as exc:
             if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
                 return df
             raise
         if topic is not None:
             arch = arch.where(F.col("topic") == topic)
+        # A run written and not yet purged (running, or cut short by a crash) has its rows
+        # in both places: counted once, from the database.
+        arch = arch.join(df.select("id"), "id", "left_anti")
         return df.unionByName(arch.select(*df.columns))
     return add(done, "done"), add(dead, "dead")
 

@@ -11,6 +11,10 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
+from tableq.errors import InvalidArgument
+from tableq.spark.options import SINK_NAME_MAX
+from tableq.spark.sink import stream_job
+
 log = logging.getLogger("tableq.spark")
 
 # What travels from the source to the sink unchanged; `topic` is the routing expression.
@@ -52,18 +56,36 @@ def requeue(spark: Any, url: str, topic: str, *, route: str, checkpoint: str,
     Rerunning with the same checkpoint continues where the last run stopped.
 
     Spark refuses to sort a streaming DataFrame, so each block is written from foreachBatch
-    by the batch sink under the job id '<sink>:<batchId>': a replayed block finds its job
-    already committed and publishes nothing, and the source acknowledges a block only after
-    Spark has recorded the batch as done. Exactly once, like the stream sink."""
-    sink = sink_name or f"requeue:{topic}"
+    by the batch sink under the job id '<sink>:<queryId>:<batchId>' (stream_job): a replayed
+    block finds its job already committed and publishes nothing, and the source acknowledges
+    a block only after Spark has recorded the batch as done. Exactly once, like the stream
+    sink; a new checkpoint is a new query, whose jobs are its own.
+
+    A moved message whose key is live in its target topic replaces that message (as
+    on_duplicate='replace'): routed back to its own topic it is the live one itself, which
+    keeps its id and goes back to ready, unleased, with its attempts reset."""
+    sink = sink_name or "requeue"
+    if not (1 <= len(sink) <= SINK_NAME_MAX and sink.isprintable()):
+        raise InvalidArgument(f"sink_name must be 1-{SINK_NAME_MAX} printable characters")
     src = (spark.readStream.format("tableq").option("url", url).option("topic", topic)
            .option("maxRows", str(block_rows)).option("leaseSeconds", str(lease_seconds))
            .load())
+    counted = _Counted()
 
     def write_block(block: Any, batch_id: int) -> None:
-        (route_block(block, route=route, order_by=order_by)
-         .write.format("tableq").option("url", url).option("payloadFormat", "json")
-         .option("jobId", f"{sink}:{batch_id}").mode("append").save())
+        query_id = block.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not query_id:  # then a new checkpoint's blocks would take the old one's jobs
+            raise RuntimeError("requeue: Spark gave foreachBatch no sql.streaming.queryId")
+        routed = route_block(block, route=route, order_by=order_by).cache()
+        try:
+            rows = routed.count()
+            if rows:
+                (routed.write.format("tableq").option("url", url)
+                 .option("payloadFormat", "json").option("onDuplicate", "replace")
+                 .option("jobId", stream_job(sink, query_id, batch_id)).mode("append").save())
+        finally:
+            routed.unpersist()
+        counted.add(rows)
 
     writer = (src.writeStream.foreachBatch(write_block)
               .option("checkpointLocation", checkpoint))
@@ -71,14 +93,19 @@ def requeue(spark: Any, url: str, topic: str, *, route: str, checkpoint: str,
               else writer.trigger(availableNow=True))
     query = writer.start()
     query.awaitTermination()
-    progress = [n for n in (_input_rows(p) for p in query.recentProgress) if n]
-    rows = sum(progress)
-    log.info("tableq.requeue_done topic=%s batches=%d rows=%d", topic, len(progress), rows)
-    return RequeueResult(len(progress), rows)
+    log.info("tableq.requeue_done topic=%s batches=%d rows=%d", topic, counted.batches,
+             counted.rows)
+    return RequeueResult(counted.batches, counted.rows)
 
 
-def _input_rows(progress: Any) -> int:
-    value = getattr(progress, "numInputRows", None)
-    if value is None and isinstance(progress, dict):
-        value = progress.get("numInputRows")
-    return int(value or 0)
+class _Counted:
+    """What the blocks moved, counted as they are written (Spark's recentProgress keeps only
+    the last 100 batches)."""
+
+    def __init__(self) -> None:
+        self.batches = self.rows = 0
+
+    def add(self, rows: int) -> None:
+        if rows:
+            self.batches += 1
+            self.rows += rows
