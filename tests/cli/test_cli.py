@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tableq
+from tableq.testing import wait_until
 
 APPS_DIR = Path(__file__).resolve().parents[1] / "worker" / "apps"
 SRC_DIR = Path(__file__).resolve().parents[2] / "src"
@@ -310,6 +311,8 @@ def test_a_pipeline_runs_on_the_url_given_not_on_tableq_url(monkeypatch, tmp_pat
     monkeypatch.setattr(load_module, "load_file", record)
     env = {"TABLEQ_URL": f"sqlite:///{tmp_path}/env.db"}
     given = f"sqlite:///{tmp_path}/given.db"
+    for url in (env["TABLEQ_URL"], given):
+        tableq.connect(url, migrate=True).close()
     runner = CliRunner()
     for args, expected in [
         (["--url", given, "pipeline", "load", "rows.jsonl", "--topic", "t"], given),
@@ -319,6 +322,123 @@ def test_a_pipeline_runs_on_the_url_given_not_on_tableq_url(monkeypatch, tmp_pat
         r = runner.invoke(cli, args, env=env)
         assert r.exit_code == 0, r.output
         assert seen.pop() == expected, args
+
+
+def test_pipelines_refuse_a_missing_sqlite_file_and_bad_sizes(tmp_path):
+    """Found by review: with no --url, `tableq pipeline load` opened (and created) the default
+    ./tableq.db, then failed inside Spark with a traceback on one line; a negative
+    --older-than made archive purge dead letters it had not written, and --purge-batch 0
+    looped forever. All refused before Spark starts."""
+    (tmp_path / "in.csv").write_text("a,b\n1,2\n")
+    r = tq(None, "pipeline", "load", "in.csv", "--topic", "x", cwd=tmp_path)
+    assert r.returncode == 1 and "tableq.db" in r.stderr and "migrate" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "tableq.db").exists()
+    url = f"sqlite:///{tmp_path}/q.db"
+    tableq.connect(url, migrate=True).close()
+    for args in (["--older-than", "-3600"], ["--purge-batch", "0"], ["--purge-batch", "-5"]):
+        r = tq(url, "pipeline", "archive", "--out", str(tmp_path / "a"), *args)
+        assert r.returncode == 2 and "Invalid value" in r.stderr, (args, r.stderr)
+    r = tq(url, "pipeline", "requeue", "--topic", "t", "--route", "'u'", "--checkpoint",
+           str(tmp_path / "ck"), "--block-rows", "0")
+    assert r.returncode == 2 and "Invalid value" in r.stderr, r.stderr
+
+    from tableq.spark.pipelines.archive import archive
+    for bad in ({"older_than": -1}, {"purge_batch": 0}, {"older_than": float("nan")}):
+        with pytest.raises(tableq.InvalidArgument):
+            archive(None, url, str(tmp_path / "b"), **bad)
+
+
+def test_a_spark_failure_is_one_line_naming_the_tableq_error_inside() -> None:
+    import click
+
+    from tableq.cli.pipeline import _spark_errors
+
+    class StreamingQueryException(Exception):  # as pyspark raises it, traceback in its text
+        __module__ = "pyspark.errors.exceptions.captured"
+
+    text = ("[STREAM_FAILED] Query [id = 1] terminated with exception: ...\n"
+            "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+            "tableq.errors.LoadIncomplete: bulk load 'j' staged 5 rows but 7 are staged\n")
+    with pytest.raises(click.ClickException) as inside, _spark_errors():
+        raise StreamingQueryException(text)
+    assert inside.value.message == "LoadIncomplete: bulk load 'j' staged 5 rows but 7 are staged"
+    with pytest.raises(click.ClickException) as other, _spark_errors():
+        raise StreamingQueryException("[CANNOT_PARSE] bad route\nmore")
+    assert other.value.message.startswith("Spark failed: StreamingQueryException: "
+                                          "[CANNOT_PARSE] bad route (rerun")
+    with pytest.raises(KeyError), _spark_errors():
+        raise KeyError("ours")  # not Spark's: left alone
+
+
+def test_ctrl_c_during_a_bulk_send_says_how_many_were_sent(tmp_path) -> None:
+    """It said only "Aborted." while 1,000 were in the queue (found by review): sending the
+    file again would have sent those twice."""
+    import signal
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    tableq.connect(url, migrate=True).close()
+    env = {k: v for k, v in os.environ.items() if k != "TABLEQ_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(SRC_DIR)])
+    proc = subprocess.Popen([sys.executable, "-m", "tableq.cli", "--url", url, "send", "t",
+                             "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    assert proc.stdin is not None
+    proc.stdin.write(b"".join(b'{"n": %d}\n' % i for i in range(1200)))
+    proc.stdin.flush()  # two batches of 500 go; the rest waits for more lines
+    with tableq.connect(url) as q:
+        wait_until(lambda: q.stats("t", exact=True)[0].ready == 1000, timeout=60)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Interrupted: the first 1000 messages read were sent to t." in err.decode()
+
+
+def test_stats_watch_json_prints_json_lines(tmp_path) -> None:
+    """--json was ignored with --watch (rich tables; found by review)."""
+    import signal
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    with tableq.connect(url, migrate=True) as q:
+        q.send("w", 1)
+    env = {k: v for k, v in os.environ.items() if k != "TABLEQ_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(SRC_DIR)])
+    proc = subprocess.Popen([sys.executable, "-m", "tableq.cli", "--url", url, "stats",
+                             "--watch", "--json", "--interval", "0.2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    assert proc.stdout is not None
+    lines = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert [(x["topic"], x["ready"]) for x in lines] == [("w", 1)] * 3
+    assert len({x["at"] for x in lines}) == 3
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_exit_1(tmp_path) -> None:
+    """It printed its banner, then uvicorn's error, and exited 3 (found by review)."""
+    import socket
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    tableq.connect(url, migrate=True).close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = tq(url, "serve", "--port", str(port))
+    assert r.returncode == 1, r
+    assert r.stderr.startswith(f"Error: cannot listen on 127.0.0.1:{port}: "), r.stderr
+    assert "serving" not in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_python_dash_m_tableq_is_the_command_line() -> None:
+    r = subprocess.run([sys.executable, "-m", "tableq", "--version"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC_DIR)})
+    assert r.returncode == 0 and r.stdout.strip(), r
+
+
+def test_a_group_without_a_command_shows_its_help_on_many_lines() -> None:
+    r = tq(None, "dead")
+    assert r.returncode == 2 and len(r.stderr.splitlines() + r.stdout.splitlines()) > 5, r
 
 
 def test_no_at_a_confirmation_changes_nothing_and_exits_1(db_url):

@@ -126,8 +126,9 @@ def test_user_errors_quoting_hostile_text_are_escaped(tmp_path: Path) -> None:
     assert r.returncode == 2 and "[31mnosuch" in r.stderr
     r = safe(tq(url, "send", "t", "1", "--priority", "\x1b[2J[/]"))
     assert r.returncode == 2 and "[2J[/]" in r.stderr
-    r = safe(tq(url, "send", "t", '"x"', "--kind", "k[/]"))
-    assert r.returncode == 1 and "kind 'k[/]' is not registered" in r.stderr
+    r = safe(tq(url, "send", "t", '"x"', "--kind", "k\x1b[/]"))
+    assert r.returncode == 1 and "invalid kind 'k\\x1b[/]'" in r.stderr, r.stderr
+    r = ok(tq(url, "send", "t", '"x"', "--kind", "k[/]"))  # relayed, as by tableq serve
     r = safe(tq(url, "send", "t\x1b[31m", "1"))
     assert r.returncode == 1 and "invalid topic" in r.stderr
     r = safe(tq(url, "send", "t", '"x"', "--key", "k", "--on-duplicate", "error"))

@@ -46,6 +46,9 @@ class Context:
 
             if not (migrate or create):
                 self.refuse_missing_sqlite_file()
+            # The command line registers no codecs: `send --kind K` relays K unvalidated,
+            # as `tableq serve` does (a strict queue refused every kind).
+            options.setdefault("strict_kinds", False)
             self._queue = tableq.connect(self.url, migrate=migrate, **options)
         return self._queue
 
@@ -174,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         # It may quote the user's data. (click declares `message` Final; shown only here.)
-        exc.__dict__["message"] = output_line(exc.message)
+        # A group called with no command says its help, which is ours and keeps its lines.
+        if not isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            exc.__dict__["message"] = output_line(exc.message)
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:

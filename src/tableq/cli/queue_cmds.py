@@ -15,6 +15,7 @@ from tableq.cli import output
 from tableq.errors import LeaseLost, TableqError
 from tableq.message import OnDuplicate
 
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (tableq.cli's own)
 SEND_BATCH = 1000
 
 
@@ -54,7 +55,8 @@ def _lines(stream: Any) -> Iterator[tuple[int, Any]]:
 @click.argument("topic")
 @click.argument("payload", required=False)
 @click.option("--key", help="Dedup key: at most one live message per topic and key.")
-@click.option("--kind", help="Payload kind (validated by a registered codec).")
+@click.option("--kind", help="Payload kind, carried with the message for its consumers "
+              "(the command line has no codecs: it is not validated here).")
 @click.option("--delay", type=float, help="Seconds before the message becomes due.")
 @click.option("--priority", type=int, default=0, show_default=True,
               help="Higher is delivered first.")
@@ -81,10 +83,14 @@ def send(topic: str, payload: str | None, key: str | None, kind: str | None,
     counts = {"sent": 0, "duplicate": 0, "replaced": 0}
     batch: list[Any] = []
 
+    sending = [0]  # the size of the batch in send_many while it runs
+
     def flush() -> None:
         if batch:
+            sending[0] = len(batch)
             for r in q.send_many(topic, batch, **opts):
                 counts[r.status] += 1
+            sending[0] = 0
             progress.update(task, advance=len(batch))
             batch.clear()
 
@@ -105,6 +111,14 @@ def send(topic: str, payload: str | None, key: str | None, kind: str | None,
         text = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
         raise click.ClickException(f"{text} ({done} messages before it were sent; nothing "
                                    "of the failing batch)") from None
+    except KeyboardInterrupt:
+        # Say what is in the queue, so that the rest can be sent without sending any twice.
+        done = sum(counts.values())
+        pending = (f"; the batch of {sending[0]} being sent when it came may or may not have "
+                   "been (lines with a \"key\" are safe to send again)") if sending[0] else ""
+        click.echo(f"Interrupted: the first {done} messages read were sent to "
+                   f"{output.clean(topic)}{pending}.", err=True)
+        raise click.exceptions.Exit(INTERRUPTED) from None
     total = sum(counts.values())
     output.show(f"sent {total} messages to {output.clean(topic)}: {counts['sent']} new, "
                 f"{counts['duplicate']} duplicate, {counts['replaced']} replaced")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from typing import Any
 
 import click
@@ -54,6 +55,7 @@ def serve(ctx: click.Context, host: str, port: int, max_body_bytes: int, max_bat
 
     obj = ctx.obj
     setup_logging(obj.debug, log_level)
+    _can_listen(host, port)
     queue = obj.queue(migrate=migrate, strict_kinds=False)
     app = create_app(queue, max_body_bytes=max_body_bytes, max_batch=max_batch,
                      max_receive=max_receive, metrics_public=metrics_public)
@@ -63,6 +65,21 @@ def serve(ctx: click.Context, host: str, port: int, max_body_bytes: int, max_bat
         foreground(app, host, port, log_level=log_level.lower())
     finally:
         obj.close()
+
+
+def _can_listen(host: str, port: int) -> None:
+    """Binds host:port once before anything is printed: a port in use or a host that does
+    not resolve is one line and exit 1 (uvicorn logged it after the banner and exited 3)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --host or "
+            "--port, or stop what listens there") from None
 
 
 @click.group()

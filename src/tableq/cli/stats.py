@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -65,7 +66,8 @@ def table(rows: list[TopicStats], previous: dict[str, TopicStats], elapsed_s: fl
 @click.option("--watch", "-w", is_flag=True, help="Refresh live until Ctrl-C.")
 @click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
               help="Seconds between samples with --watch.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per topic.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per topic (with "
+              "--watch, per topic and sample, with the sample's time in \"at\").")
 @click.option("--exact", is_flag=True,
               help="Count every row, even in a big table where counts are estimated "
                    "(shown with ~); takes time in proportion to the table.")
@@ -76,17 +78,27 @@ def stats(topic: str | None, watch: bool, interval: float, as_json: bool, exact:
     def sample() -> list[TopicStats]:
         return list(q.stats(topic, exact=True) if exact else q.stats(topic))
 
+    def as_lines(rows: list[TopicStats], **extra: Any) -> None:
+        output.json_lines([{
+            "topic": s.topic, "ready": s.ready, "scheduled": s.scheduled,
+            "in_flight": s.in_flight, "dead": s.dead, "done": s.done,
+            "oldest_ready_age": s.oldest_ready_age, "estimated": s.estimated, **extra}
+            for s in rows])
+
     if not watch:
         rows = sample()
         if as_json:
-            output.json_lines([{
-                "topic": s.topic, "ready": s.ready, "scheduled": s.scheduled,
-                "in_flight": s.in_flight, "dead": s.dead, "done": s.done,
-                "oldest_ready_age": s.oldest_ready_age, "estimated": s.estimated}
-                for s in rows])
+            as_lines(rows)
         else:
             output.show(table(rows, {}, 0.0, title=f"tableq stats — {q.where}"))
         return
+    if as_json:  # one JSON object per topic and sample, each with the sample's time
+        try:
+            while True:
+                as_lines(sample(), at=datetime.now(UTC).isoformat(timespec="milliseconds"))
+                time.sleep(interval)  # the sampling cadence itself
+        except KeyboardInterrupt:
+            return
     previous: dict[str, TopicStats] = {}
     last = time.monotonic()
     title = f"tableq stats — {q.where} — every {interval:g}s, Ctrl-C to quit"
