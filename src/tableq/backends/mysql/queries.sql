@@ -437,8 +437,7 @@ FROM {p}dead WHERE id IN %(ids)s ORDER BY id;
 
 -- name: dead_delete_requeued :exec
 -- The dead letters that dead_requeue moved back (by id).
-DELETE FROM {p}dead WHERE id IN %(ids)s
-  AND (%(before)s IS NULL OR dead_at < %(before)s);
+DELETE FROM {p}dead WHERE id IN %(ids)s;
 
 -- name: dead_purge :exec
 DELETE FROM {p}dead WHERE topic = %(topic)s AND (%(all)s OR id IN %(ids)s);
