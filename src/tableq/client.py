@@ -75,8 +75,13 @@ def _payload(value: Any) -> dict[str, Any]:
 
 def _closed_by_peer(sock: Any) -> bool:
     """Whether an idle kept-alive socket has something to read: end-of-file (the server
-    closed it) or bytes no request asked for; either way it is not fit for the next call."""
+    closed it) or bytes no request asked for; either way it is not fit for the next call.
+    poll() where there is one: select() refuses descriptors from 1024 on."""
     try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
         readable, _, _ = select.select([sock], [], [], 0)
     except (OSError, ValueError):
         return True

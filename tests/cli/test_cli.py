@@ -367,6 +367,16 @@ def test_a_spark_failure_is_one_line_naming_the_tableq_error_inside() -> None:
         raise StreamingQueryException("[CANNOT_PARSE] bad route\nmore")
     assert other.value.message.startswith("Spark failed: StreamingQueryException: "
                                           "[CANNOT_PARSE] bad route (rerun")
+    sink = ("[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: "
+            "Traceback (most recent call last):\n  File \"sink.py\", line 87\n"
+            "tableq.spark.sink.ColumnError: tableq sink column 'key': has type int\n")
+    with pytest.raises(click.ClickException) as column, _spark_errors():
+        raise StreamingQueryException(sink)
+    assert column.value.message == "ColumnError: tableq sink column 'key': has type int"
+    with pytest.raises(click.ClickException) as bare, _spark_errors():
+        raise StreamingQueryException("[X] failed: Traceback (most recent call last):\n"
+                                      "  File \"a.py\"\nValueError: boom\n")
+    assert bare.value.message.startswith("Spark failed: StreamingQueryException: [X] failed: (")
     with pytest.raises(KeyError), _spark_errors():
         raise KeyError("ours")  # not Spark's: left alone
 

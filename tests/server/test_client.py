@@ -269,3 +269,28 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(sq: tableq.Queue)
             time.sleep(2.0)  # past the server's keep-alive: it closes the connection
             c.ack(msg)
     assert sq.stats("idle", exact=True)[0].in_flight == 0
+
+
+def test_a_kept_alive_socket_is_checked_whatever_its_descriptor() -> None:
+    """select() refuses descriptors from 1024 on, so every call opened a new connection in a
+    process holding many files (found by review); poll() has no such limit."""
+    import resource
+    import socket
+
+    from tableq.client import _closed_by_peer
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip("the file limit stays under 1100 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    a, b = socket.socketpair()
+    high = os.dup2(a.fileno(), 1090)
+    sock = socket.socket(fileno=high)
+    try:
+        assert not _closed_by_peer(sock)
+        b.close()
+        assert _closed_by_peer(sock)
+    finally:
+        sock.close()
+        a.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

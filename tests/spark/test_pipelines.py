@@ -174,6 +174,20 @@ def test_report_reads_archived_topics_as_text_and_counts_rows_once(
     rep = report(spark, url, archive_path=out, html_path=None)
     counts = {r["topic"]: int(r["done"]) for r in rep.summary.to_dict("records")}
     assert counts == {"007": 4, "7": 3}
+    # A dead letter archived, then requeued and dead again before the purge: the purge
+    # keeps its second death (after the cut-off), and the report counts both deaths.
+    q.send("twice", 1)
+    q.dead_letter(q.receive("twice")[0], "first death")
+    dead_out = str(tmp_path / "dead-archive")
+    with pytest.raises(RuntimeError, match="crash injected"), \
+            injected("archive-crash-after-write"):
+        archive(spark, url, dead_out, older_than=0, sources=("dead",))
+    q.requeue_dead("twice")
+    q.dead_letter(q.receive("twice")[0], "second death")
+    assert archive(spark, url, dead_out, older_than=0, sources=("dead",)).purged == {"dead": 0}
+    assert [d.error for d in q.dead_letters("twice")] == ["second death"]
+    rep = report(spark, url, archive_path=dead_out, html_path=None, topic="twice")
+    assert [int(r["dead"]) for r in rep.summary.to_dict("records")] == [2]
     q.close()
 
 
@@ -265,6 +279,11 @@ def test_load_keeps_keys_and_payloads_as_written(spark, tmp_path: Path) -> None:
     assert sorted(m.key for m in q.peek("csv")) == ["0042", "007", "7"]
     load_file(spark, url, "text", str(tmp_path / "k.csv"), key="id", infer_types=False)
     assert sorted(m.payload["zip"] for m in q.peek("text")) == ["00501", "01234", "99999"]
+
+    (tmp_path / "own.csv").write_text("payload,key\nalpha,007\nbeta,7\n")  # its own key
+    load_file(spark, url, "own", str(tmp_path / "own.csv"))
+    assert sorted((m.key, m.payload) for m in q.peek("own")) == [("007", "alpha"),
+                                                                  ("7", "beta")]
 
     lines = [{"payload": {"a": 1}, "order": "o1"}, {"payload": {"b": "x"}, "order": "o2"},
              {"payload": {"a": 2.5}}, {"payload": "just text", "priority": 3}, [1, 2],

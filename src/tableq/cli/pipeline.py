@@ -31,7 +31,7 @@ def _url(ctx: click.Context, url: str | None) -> str:
 
 # A tableq error raised inside Spark (a task, a data source, foreachBatch) reaches the driver
 # wrapped in Spark's exception, with the Python traceback in its text.
-_TABLEQ_ERROR = re.compile(r"tableq\.errors\.(\w+): ([^\n]*)")
+_TABLEQ_ERROR = re.compile(r"\btableq(?:\.\w+)*\.([A-Z]\w+): ([^\n]*)")
 
 
 @contextmanager
@@ -48,7 +48,9 @@ def _spark_errors() -> Iterator[None]:
         if found:
             name, message = found[-1]
             raise click.ClickException(f"{name}: {message}") from exc
-        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        first = next((line.strip() for line in text.splitlines() if line.strip()
+                      and not line.lstrip().startswith(("Traceback", "File "))), "")
+        first = first.removesuffix("Traceback (most recent call last):").strip()
         raise click.ClickException(f"Spark failed: {type(exc).__name__}: {first} (rerun "
                                    "with --debug for the traceback)") from exc
 

@@ -129,16 +129,17 @@ def load_file(spark: Any, url: str, topic: str, path: str, *, fmt: str | None = 
 
 def _read(spark: Any, kind: str, path: str, key: str | None, infer_types: bool) -> DataFrame:
     """The file as a DataFrame. A CSV's column types are inferred (numbers, booleans,
-    times) unless infer_types is False, but its key column is read as text always: inferred
-    as a number, "007" and "7" would become one key, and one of the two messages a duplicate."""
+    times) unless infer_types is False, but its key column (`key`, or the one named), `kind`
+    and `payload` are read as text always: inferred as a number, "007" and "7" would become
+    one key, and one of the two messages a duplicate."""
     reader = spark.read
     if kind == "csv":
         reader = reader.option("header", "true")
         if infer_types:
             schema = reader.option("inferSchema", "true").csv(path).schema
-            if key is not None and key in schema.fieldNames():
-                schema = StructType([StructField(f.name, StringType(), f.nullable)
-                                     if f.name == key else f for f in schema.fields])
+            text = {key or "key", "kind", "payload"}  # the sink takes these as text
+            schema = StructType([StructField(f.name, StringType(), f.nullable)
+                                 if f.name in text else f for f in schema.fields])
             reader = spark.read.option("header", "true").schema(schema)
     df: DataFrame = reader.format(kind).load(path)
     return df

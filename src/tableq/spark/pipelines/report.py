@@ -130,7 +130,9 @@ def _with_archive(spark: Any, done: DataFrame, dead: DataFrame, path: str,
             arch = arch.where(F.col("topic") == topic)
         # A run written and not yet purged (running, or cut short by a crash) has its rows
         # in both places: counted once, from the database.
-        arch = arch.join(df.select("id"), "id", "left_anti")
+        # (A dead letter requeued and dead again keeps its id: its deaths differ by time.)
+        when = "dead_at" if sub == "dead" else "done_at"
+        arch = arch.join(df.select("id", when), ["id", when], "left_anti")
         return df.unionByName(arch.select(*df.columns))
     return add(done, "done"), add(dead, "dead")
 
