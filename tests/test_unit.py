@@ -439,6 +439,8 @@ def test_every_error_survives_pickling_with_its_message_and_fields() -> None:
         errors.DatabaseUnavailable("pg://h", "refused"), errors.DatabaseBusy("pg://h", "deadlock"),
         errors.DatabaseTimeout("pg://h", "statement timeout", "raise it"),
         errors.LoadIncomplete("job", 5, 2), errors.StorageFull("pg://h", "disk full"),
+        errors.ArchiveBusy("tableq.archive-lock", 120.0),
+        errors.ArchiveBusy("tableq.archive-lock", 120.0, lost=True),
         errors.AuthenticationFailed("no token"), errors.PermissionDenied("consumer", "send", "t"),
         errors.ServerUnavailable("http://h", "refused"), errors.RemoteError(500, "x", "boom"),
         errors.TableqError("base"), errors.ConfigurationError("c"), errors.PayloadError("p"),

@@ -4,6 +4,7 @@ from tableq.codecs import JsonText
 from tableq.connect import connect
 from tableq.errors import (
     AccessError,
+    ArchiveBusy,
     AuthenticationFailed,
     ConfigurationError,
     DatabaseBusy,
@@ -40,6 +41,7 @@ from tableq.worker import App, Backoff, WorkerMode
 __all__ = [
     "AccessError",
     "App",
+    "ArchiveBusy",
     "AuthenticationFailed",
     "Backoff",
     "ConfigurationError",

@@ -198,6 +198,19 @@ class LoadIncomplete(DatabaseError):
         )
 
 
+class ArchiveBusy(TableqError):
+    """The Spark archive pipeline runs once at a time per queue database."""
+
+    def __init__(self, topic: str, lease_s: float, *, lost: bool = False) -> None:
+        self.topic, self.lease_s, self.lost = topic, lease_s, lost
+        what = ("this archive run lost its lock (its lease ran out, as after a long pause)"
+                if lost else "another archive run is working on this queue database")
+        super().__init__(
+            f"{what}: it holds the lease of the message in topic {topic!r}. Let it finish "
+            f"and run again; a run whose driver died lets go within {lease_s:g} s, and a "
+            "rerun resumes its pending run")
+
+
 class StorageFull(DatabaseError):
     def __init__(self, where: str, reason: str) -> None:
         super().__init__(

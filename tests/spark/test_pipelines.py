@@ -131,7 +131,8 @@ def test_archive_runs_one_at_a_time_and_resumes_past_a_manifest_cut_short(
     with what was not purged yet) or archived them twice; a crash while the manifest was
     rewritten left none, and the rerun archived everything again. A run holds a lease-backed
     lock; manifests are numbered files, each whole or ignored."""
-    from tableq.spark.pipelines.archive import LOCK_TOPIC, ArchiveBusy, RunLock
+    from tableq.errors import ArchiveBusy
+    from tableq.spark.pipelines.archive import LOCK_TOPIC, RunLock
 
     q = _history(url)
     out = str(tmp_path / "archive")

@@ -19,7 +19,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from tableq.errors import InvalidArgument, LeaseLost, TableqError
+from tableq.errors import ArchiveBusy, InvalidArgument, LeaseLost, TableqError
 from tableq.spark._queues import bulk_for
 from tableq.spark._seam import point
 
@@ -243,16 +243,6 @@ class RunLock:
                 self.queue.purge(LOCK_TOPIC)
             except TableqError as error:  # then the lease ends by itself
                 log.warning("tableq.archive_lock_not_released error=%s", error)
-
-
-class ArchiveBusy(TableqError):
-    def __init__(self, topic: str, lease_s: float, *, lost: bool = False) -> None:
-        what = ("this archive run lost its lock (its lease ran out, as after a long pause)"
-                if lost else "another archive run is working on this queue database")
-        super().__init__(
-            f"{what}: it holds the lease of the message in topic {topic!r}. Let it finish "
-            f"and run again; a run whose driver died lets go within {lease_s:g} s, and a "
-            "rerun resumes its pending run")
 
 
 def _write_parquet(spark: Any, url: str, out: str, src: str, step: dict[str, Any], run: str,
